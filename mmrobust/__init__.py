@@ -1,0 +1,15 @@
+"""mmrobust: corruption-robust dense prediction for MMDetection 3.x and MMSegmentation 1.x.
+
+Importing the package registers every mmrobust module in both the `mmdet` and the `mmseg`
+scopes (configs load it with `custom_imports = dict(imports=['mmrobust'],
+allow_failed_imports=False)`) and makes mmengine load local checkpoints through the safe,
+allow-listed loader of :mod:`mmrobust.utils.checkpoint`.
+"""
+from .version import __version__
+from .utils.checkpoint import install_safe_checkpoint_loader
+
+install_safe_checkpoint_loader()
+
+from . import datasets, engine, registry  # noqa: E402,F401  (registers modules)
+
+__all__ = ['__version__']

@@ -1,0 +1,180 @@
+"""What `tools/train.py` and `tools/test.py` do to a config, for detection and segmentation.
+
+The config's `default_scope` decides the task; everything else is shared, so there is one set
+of tools instead of parallel mmdet/mmseg copies.
+"""
+import os
+import os.path as osp
+import warnings
+from copy import deepcopy
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from mmengine.config import Config, ConfigDict
+from mmengine.logging import print_log
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
+
+from mmrobust.utils.config_checks import (check_custom_imports, check_dataset_paths,
+                                          config_scope, explain_registry_errors)
+
+__all__ = ['apply_common_args', 'apply_train_args', 'apply_test_args', 'build_runner',
+           'setup_distributed']
+
+
+def apply_common_args(cfg: Config, config_path: str, launcher: str, work_dir: Optional[str],
+                      cfg_options: Optional[dict]) -> Config:
+    """`--cfg-options`, `--work-dir` (default `work_dirs/<config name>`) and `--launcher`."""
+    cfg.launcher = launcher
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    if work_dir is not None:
+        cfg.work_dir = work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(config_path))[0])
+    config_scope(cfg)
+    return cfg
+
+
+def apply_train_args(cfg: Config, resume: Optional[str], amp: bool,
+                     auto_scale_lr: bool) -> Config:
+    """`--resume [path]`, `--amp` and `--auto-scale-lr` as in mmdet's train.py."""
+    if amp:
+        if cfg.optim_wrapper.get('type') in ('AmpOptimWrapper', 'CPUAmpOptimWrapper'):
+            warnings.warn('the config already uses mixed precision; --amp changes nothing')
+        elif torch.cuda.is_available():
+            cfg.optim_wrapper.type = 'AmpOptimWrapper'
+            cfg.optim_wrapper.loss_scale = 'dynamic'
+        else:
+            cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'  # bfloat16 autocast
+            imports = cfg.setdefault('custom_imports', dict(imports=[])).setdefault('imports', [])
+            if 'mmrobust' not in imports:
+                imports.append('mmrobust')
+    if auto_scale_lr:
+        if 'enable' not in cfg.get('auto_scale_lr', {}) or \
+                'base_batch_size' not in cfg.auto_scale_lr:
+            raise RuntimeError(
+                '--auto-scale-lr needs `auto_scale_lr = dict(enable=False, base_batch_size=N)` in '
+                'the config, N being the total batch size its learning rate was tuned for.')
+        cfg.auto_scale_lr.enable = True
+    if resume == 'auto':
+        cfg.resume, cfg.load_from = True, None
+    elif resume is not None:
+        if not osp.isfile(resume):
+            raise FileNotFoundError(f'--resume {resume}: no such checkpoint file')
+        cfg.resume, cfg.load_from = True, resume
+    return cfg
+
+
+def _trigger_visualization(cfg: Config, show: bool, show_dir: Optional[str],
+                           wait_time: float) -> None:
+    hook = cfg.default_hooks.get('visualization')
+    if hook is None:
+        raise RuntimeError("--show/--show-dir need a visualization hook in default_hooks: "
+                           "default_hooks = dict(visualization=dict(type='"
+                           f"{'Det' if config_scope(cfg) == 'mmdet' else 'Seg'}"
+                           "VisualizationHook'))")
+    hook['draw'] = True
+    if show:
+        hook['show'], hook['wait_time'] = True, wait_time
+    if show_dir:
+        if config_scope(cfg) == 'mmdet':
+            hook['test_out_dir'] = show_dir
+        else:
+            cfg.visualizer['save_dir'] = show_dir
+
+
+def _enable_tta(cfg: Config) -> None:
+    if 'tta_model' not in cfg or 'tta_pipeline' not in cfg:
+        if config_scope(cfg) == 'mmseg':
+            raise RuntimeError('--tta needs `tta_model` and `tta_pipeline` in the config')
+        warnings.warn('no tta_model/tta_pipeline in the config: using horizontal-flip TTA')
+        cfg.setdefault('tta_model', dict(type='DetTTAModel', tta_cfg=dict(
+            nms=dict(type='nms', iou_threshold=0.5), max_per_img=100)))
+        if 'tta_pipeline' not in cfg:
+            ds = cfg.test_dataloader.dataset
+            while 'dataset' in ds:
+                ds = ds.dataset
+            pipeline = deepcopy(ds.pipeline)
+            pipeline[-1] = dict(type='TestTimeAug', transforms=[
+                [dict(type='RandomFlip', prob=1.), dict(type='RandomFlip', prob=0.)],
+                [dict(type='PackDetInputs', meta_keys=(
+                    'img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor', 'flip',
+                    'flip_direction'))]])
+            cfg.tta_pipeline = pipeline
+    cfg.model = ConfigDict(**cfg.tta_model, module=cfg.model)
+    cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
+
+
+def apply_test_args(cfg: Config, checkpoint: str, out: Optional[str], show: bool,
+                    show_dir: Optional[str], wait_time: float, tta: bool) -> Config:
+    """`--out`, `--show`, `--show-dir` and `--tta` with the task's own semantics."""
+    if not osp.isfile(checkpoint):
+        raise FileNotFoundError(f'checkpoint {checkpoint!r} does not exist')
+    cfg.load_from = checkpoint
+    if show or show_dir:
+        _trigger_visualization(cfg, show, show_dir, wait_time)
+    if tta:
+        _enable_tta(cfg)
+    if out is not None and config_scope(cfg) == 'mmseg':
+        # mmseg's IoUMetric writes one PNG per image into a folder
+        cfg.test_evaluator['output_dir'] = out
+        cfg.test_evaluator['keep_results'] = True
+    elif out is not None and not out.endswith(('.pkl', '.pickle')):
+        raise ValueError(f'--out {out}: detection results are dumped to a .pkl file')
+    return cfg
+
+
+def setup_distributed(cfg: Config) -> None:
+    """Start the process group on CPU-only machines (gloo); mmengine assumes CUDA devices.
+
+    mmengine's `init_dist('pytorch')` calls `torch.cuda.set_device` and its DDP wrapper passes
+    `device_ids=[LOCAL_RANK]`, both of which fail without GPUs. On GPUs nothing changes (NCCL).
+    """
+    if cfg.launcher == 'none' or torch.cuda.is_available():
+        return
+    if cfg.launcher != 'pytorch':
+        raise RuntimeError(f'--launcher {cfg.launcher} needs GPUs; on CPU use '
+                           '`bash tools/dist_train.sh CONFIG N` (torchrun, gloo)')
+    if not dist.is_initialized():
+        dist.init_process_group(backend='gloo', rank=int(os.environ['RANK']),
+                                world_size=int(os.environ['WORLD_SIZE']))
+    cfg.env_cfg.setdefault('dist_cfg', {})['backend'] = 'gloo'
+    if _replace_sync_bn(cfg.model):
+        print_log('SyncBN needs GPUs: using per-process BN for this CPU run', logger='current')
+    wrapper = cfg.get('model_wrapper_cfg') or dict(type='MMDistributedDataParallel')
+    wrapper.setdefault('broadcast_buffers', False)
+    wrapper.setdefault('find_unused_parameters', cfg.get('find_unused_parameters', False))
+    wrapper['device_ids'] = None
+    cfg.model_wrapper_cfg = wrapper
+
+
+def _replace_sync_bn(obj) -> bool:
+    """Turn SyncBN norm configs into BN in place; True if any was found."""
+    found = False
+    if isinstance(obj, dict):
+        if obj.get('type') in ('SyncBN', 'MMSyncBN'):
+            obj['type'], found = 'BN', True
+        for value in obj.values():
+            found |= _replace_sync_bn(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            found |= _replace_sync_bn(value)
+    return found
+
+
+def build_runner(cfg: Config, loaders: tuple) -> Runner:
+    """Check the config, then build its runner with actionable registry errors.
+
+    Args:
+        cfg: Config after the command-line arguments were applied.
+        loaders: Dataloader keys whose dataset paths must exist.
+    """
+    check_custom_imports(cfg)
+    check_dataset_paths(cfg, list(loaders))
+    setup_distributed(cfg)
+    with explain_registry_errors():
+        if 'runner_type' in cfg:
+            return RUNNERS.build(cfg)
+        return Runner.from_cfg(cfg)

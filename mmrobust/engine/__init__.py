@@ -1,0 +1,3 @@
+from .optim_wrapper import CPUAmpOptimWrapper
+
+__all__ = ['CPUAmpOptimWrapper']

@@ -1,0 +1,58 @@
+"""Registration into both OpenMMLab scopes.
+
+mmdet and mmseg each have their own child registries (`mmdet::model`, `mmseg::model`, ...) and a
+lookup never searches a sibling scope, so every mmrobust module is registered in both. Use the
+objects here exactly like mmengine registries::
+
+    from mmrobust.registry import MODELS
+
+    @MODELS.register_module()
+    class FANHybrid(BaseModule): ...
+"""
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+
+from mmdet import registry as det_registry
+from mmengine.registry import Registry
+from mmseg import registry as seg_registry
+
+__all__ = ['MODELS', 'HOOKS', 'TRANSFORMS', 'DATASETS', 'METRICS', 'OPTIM_WRAPPERS', 'SCOPES',
+           'registered_modules']
+
+SCOPES = ('mmdet', 'mmseg')
+
+
+class ScopedRegistries:
+    """Registers a module into the same-named registry of every scope in :data:`SCOPES`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.registries: Tuple[Registry, ...] = (getattr(det_registry, name),
+                                                 getattr(seg_registry, name))
+        self.modules: Dict[str, Type] = {}
+
+    def register_module(self, name: Optional[str] = None, force: bool = False,
+                        module: Optional[Type] = None) -> Callable:
+        def _register(cls: Type) -> Type:
+            for registry in self.registries:
+                registry.register_module(name=name, force=force, module=cls)
+            self.modules[name or cls.__name__] = cls
+            return cls
+
+        return _register(module) if module is not None else _register
+
+    def __repr__(self) -> str:
+        return f'ScopedRegistries({self.name}: {sorted(self.modules)})'
+
+
+MODELS = ScopedRegistries('MODELS')
+HOOKS = ScopedRegistries('HOOKS')
+TRANSFORMS = ScopedRegistries('TRANSFORMS')
+DATASETS = ScopedRegistries('DATASETS')
+METRICS = ScopedRegistries('METRICS')
+OPTIM_WRAPPERS = ScopedRegistries('OPTIM_WRAPPERS')
+
+
+def registered_modules() -> List[Tuple[str, str, Any]]:
+    """(registry name, module name, class) for everything mmrobust registered."""
+    return [(reg.name, key, cls) for reg in (MODELS, HOOKS, TRANSFORMS, DATASETS, METRICS, OPTIM_WRAPPERS)
+            for key, cls in reg.modules.items()]

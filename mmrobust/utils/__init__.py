@@ -1,0 +1,12 @@
+from .checkpoint import (UnsafeCheckpointError, install_safe_checkpoint_loader, load_from_local,
+                         register_safe_globals, safe_globals, safe_load)
+from .config_checks import (DatasetNotFoundError, MissingCustomImportsError, RegistryLookupError,
+                            check_custom_imports, check_dataset_paths, config_scope,
+                            explain_registry_error, explain_registry_errors)
+
+__all__ = [
+    'UnsafeCheckpointError', 'install_safe_checkpoint_loader', 'load_from_local',
+    'register_safe_globals', 'safe_globals', 'safe_load', 'DatasetNotFoundError',
+    'MissingCustomImportsError', 'RegistryLookupError', 'check_custom_imports',
+    'check_dataset_paths', 'config_scope', 'explain_registry_error', 'explain_registry_errors'
+]

@@ -1,0 +1,126 @@
+"""Safe checkpoint loading for torch >= 2.6.
+
+torch >= 2.6 loads with `weights_only=True`, which refuses the few Python types that mmengine
+puts into its own checkpoints (the message hub's `HistoryBuffer` and the numpy arrays inside it),
+so resume and `load_from` break. The tempting fix, `weights_only=False`, would unpickle anything,
+and a checkpoint is an untrusted download. mmrobust instead allow-lists exactly the types that
+mmengine/OpenMMLab checkpoints contain and refuses everything else with an error naming the
+offending globals.
+
+`import mmrobust` installs :func:`load_from_local` as mmengine's loader for local paths, so
+`load_from`, `--resume`, `init_cfg=dict(type='Pretrained', ...)` and `load_checkpoint` all use it.
+"""
+import argparse
+import os.path as osp
+import pickle
+import re
+from typing import Any, BinaryIO, Callable, List, Optional, Union
+
+import numpy as np
+import torch
+from mmengine.logging import HistoryBuffer
+from mmengine.runner.checkpoint import CheckpointLoader
+
+__all__ = ['UnsafeCheckpointError', 'safe_load', 'register_safe_globals', 'safe_globals',
+           'load_from_local', 'install_safe_checkpoint_loader']
+
+
+class UnsafeCheckpointError(pickle.UnpicklingError):
+    """A checkpoint holds pickled objects outside the allow-list; nothing from it was run."""
+
+
+def _numpy_globals() -> List[Any]:
+    # NOTE: numpy pickles arrays through `_reconstruct` and one dtype class per dtype; these are
+    # data containers, not code, and HistoryBuffer stores its history as numpy arrays.
+    from numpy.core.multiarray import _reconstruct, scalar
+    dtype_classes = [type(np.dtype(t)) for t in (
+        np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+        np.uint64, np.float16, np.float32, np.float64)]
+    return [_reconstruct, scalar, np.ndarray, np.dtype, *dtype_classes]
+
+
+def _history_buffer_getattr(obj: Any, name: str) -> Any:
+    """Stands in for `getattr` in checkpoints, for what mmengine needs of it and nothing else.
+
+    mmengine pickles `HistoryBuffer`'s statistics methods as `getattr(HistoryBuffer, 'mean')`;
+    a general `getattr` would let a crafted file reach arbitrary attributes.
+    """
+    if obj is HistoryBuffer and name in ('min', 'max', 'current', 'mean'):
+        return getattr(HistoryBuffer, name)
+    raise pickle.UnpicklingError(
+        f'checkpoint asks for getattr({obj!r}, {name!r}); only HistoryBuffer statistics are '
+        'allowed')
+
+
+# NOTE: argparse.Namespace is how timm-trained checkpoints (e.g. FAN's) store their `args`.
+_SAFE_GLOBALS: List[Any] = [HistoryBuffer, argparse.Namespace, *_numpy_globals(),
+                            (_history_buffer_getattr, 'builtins.getattr')]
+
+
+def register_safe_globals(*objs: Any) -> None:
+    """Allow further classes/functions in checkpoints (for types of your own you trust)."""
+    for obj in objs:
+        if obj not in _SAFE_GLOBALS:
+            _SAFE_GLOBALS.append(obj)
+
+
+def safe_globals() -> List[Any]:
+    """The current allow-list (torch's own tensor/container types are always allowed)."""
+    return list(_SAFE_GLOBALS)
+
+
+def _global_name(obj: Any) -> str:
+    if isinstance(obj, tuple):  # (stand-in, pickled name)
+        return obj[1]
+    return f'{obj.__module__}.{obj.__qualname__}'
+
+
+def _unsafe_globals(f: Union[str, BinaryIO], exc: Exception) -> List[str]:
+    allowed = {_global_name(g) for g in _SAFE_GLOBALS}
+    names: List[str] = []
+    try:
+        if not isinstance(f, str):
+            f.seek(0)
+        names = [n for n in torch.serialization.get_unsafe_globals_in_checkpoint(f)
+                 if n not in allowed]
+    except Exception:  # NOTE: legacy (non-zip) files cannot be scanned; read the error instead
+        names = re.findall(r'GLOBAL ([\w.]+)', str(exc))
+    if not names:  # an allowed global misused, e.g. getattr on something else
+        match = re.search(r'WeightsUnpickler error:\s*(.+?)(?:\n\n|$)', str(exc), re.S)
+        names = [(match.group(1) if match else str(exc)).strip()[:300]]
+    return sorted(set(names))
+
+
+def safe_load(f: Union[str, BinaryIO], map_location: Optional[Any] = None) -> Any:
+    """`torch.load` with `weights_only=True` and mmrobust's allow-list.
+
+    Raises:
+        UnsafeCheckpointError: the file holds pickled objects that are not allow-listed.
+    """
+    name = f if isinstance(f, str) else getattr(f, 'name', '<buffer>')
+    try:
+        with torch.serialization.safe_globals(_SAFE_GLOBALS):
+            return torch.load(f, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        unsafe = _unsafe_globals(f, exc)
+        raise UnsafeCheckpointError(
+            f'Refusing to load checkpoint {name}: it contains pickled Python objects that are '
+            f'not on the allow-list of checkpoint types: {", ".join(unsafe)}. Unpickling them '
+            'could run arbitrary code, so nothing was loaded. If the file comes from a source '
+            'you trust, rewrite it as plain tensors with `python tools/model_converters/'
+            'clean_checkpoint.py IN OUT --trust-source`, or allow the types with '
+            '`mmrobust.utils.register_safe_globals(...)`.') from None
+
+
+def load_from_local(filename: str, map_location: Optional[Any] = None) -> Any:
+    """mmengine loader for local paths that loads through :func:`safe_load`."""
+    filename = osp.expanduser(filename)
+    if not osp.isfile(filename):
+        raise FileNotFoundError(f'checkpoint {filename} can not be found.')
+    return safe_load(filename, map_location)
+
+
+def install_safe_checkpoint_loader() -> Callable:
+    """Make mmengine load every local checkpoint through :func:`load_from_local`."""
+    CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
+    return load_from_local

@@ -1,0 +1,184 @@
+"""Checks that turn common config mistakes into errors a user can act on.
+
+- a dataset root that does not exist names the path and says how to generate or prepare it;
+- a type name that is not registered names the scope and registry and lists close matches;
+- a config that uses mmrobust modules without `custom_imports` says what to add.
+"""
+import contextlib
+import difflib
+import os.path as osp
+import re
+from typing import Any, Dict, Iterator, List, Optional
+
+import mmengine.registry as mme_registry
+from mmengine.config import Config
+from mmengine.registry import Registry
+
+__all__ = ['DatasetNotFoundError', 'RegistryLookupError', 'MissingCustomImportsError',
+           'check_dataset_paths', 'check_custom_imports', 'explain_registry_errors',
+           'explain_registry_error', 'config_scope']
+
+CUSTOM_IMPORTS_LINE = "custom_imports = dict(imports=['mmrobust'], allow_failed_imports=False)"
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A dataset file or folder named by the config does not exist."""
+
+
+class RegistryLookupError(LookupError):
+    """A `type=` name was not found in the registry of the config's scope."""
+
+
+class MissingCustomImportsError(RuntimeError):
+    """The config uses mmrobust modules but does not import mmrobust."""
+
+
+def config_scope(cfg: Config) -> str:
+    """The OpenMMLab scope a config runs in (`mmdet` or `mmseg`)."""
+    scope = cfg.get('default_scope')
+    if scope not in ('mmdet', 'mmseg'):
+        raise ValueError(
+            f"config has default_scope={scope!r}; mmrobust's tools run 'mmdet' (detection) and "
+            "'mmseg' (segmentation) configs. Inherit from an mmdet:: or mmseg:: base config, or "
+            "set default_scope.")
+    return scope
+
+
+# --------------------------------------------------------------------------- dataset paths
+def _leaf_datasets(ds: Any) -> Iterator[Dict]:
+    if not isinstance(ds, dict):
+        return
+    if 'dataset' in ds:
+        yield from _leaf_datasets(ds['dataset'])
+    elif 'datasets' in ds:
+        for sub in ds['datasets']:
+            yield from _leaf_datasets(sub)
+    else:
+        yield ds
+
+
+def _dataset_paths(ds: Dict) -> List[str]:
+    root = ds.get('data_root') or ''
+    paths = [root] if root else []
+    ann = ds.get('ann_file')
+    if ann:
+        paths.append(ann if osp.isabs(ann) else osp.join(root, ann))
+    for value in (ds.get('data_prefix') or {}).values():
+        if isinstance(value, str) and value:
+            paths.append(value if osp.isabs(value) else osp.join(root, value))
+    return paths
+
+
+def check_dataset_paths(cfg: Config, loaders: List[str]) -> None:
+    """Raise :class:`DatasetNotFoundError` if a dataset of `loaders` points to missing files.
+
+    Args:
+        cfg: The full config.
+        loaders: Dataloader keys to check, e.g. `['train_dataloader', 'val_dataloader']`.
+    """
+    for key in loaders:
+        loader = cfg.get(key)
+        if not loader:
+            continue
+        for ds in _leaf_datasets(loader.get('dataset')):
+            if ds.get('backend_args') is not None:
+                continue  # remote storage: nothing to check locally
+            for path in _dataset_paths(ds):
+                if '://' in path or osp.exists(path):
+                    continue
+                root = ds.get('data_root') or osp.dirname(path)
+                hint = ('it is mmrobust\'s toy data: generate it with '
+                        '`python data/generate_toy_data.py`' if 'toy_' in path else
+                        'see data/README.md for how to download and lay out COCO 2017 and '
+                        'Cityscapes (including the *_labelTrainIds.png labels)')
+                raise DatasetNotFoundError(
+                    f'{key}: the {ds.get("type", "dataset")} at data_root={root!r} is missing '
+                    f'{path!r} (resolved from {osp.abspath(".")}). {hint[0].upper()}{hint[1:]}; '
+                    f'or point the config at your copy with '
+                    f'`--cfg-options {key}.dataset.data_root=/path/to/data/`.')
+
+
+# --------------------------------------------------------------------------- registries
+_NOT_IN_REGISTRY = re.compile(r'`?([\w.]+)`? is not in the (\w+)::([\w ]+?) registry')
+
+
+def _root_registries() -> Dict[str, Registry]:
+    return {reg.name: reg for reg in vars(mme_registry).values() if isinstance(reg, Registry)}
+
+
+def _names_in(registry: Registry) -> List[str]:
+    names = set(registry.module_dict)
+    parent = registry.parent
+    while parent is not None:
+        names |= set(parent.module_dict)
+        parent = parent.parent
+    return sorted(names)
+
+
+def explain_registry_error(exc: BaseException) -> Optional[str]:
+    """A helpful message for mmengine's "X is not in the scope::name registry", else None."""
+    match = _NOT_IN_REGISTRY.search(str(exc))
+    if match is None:
+        return None
+    name, scope, reg_name = match.groups()
+    root = _root_registries().get(reg_name)
+    scoped = root.children.get(scope) if root is not None else None
+    candidates = _names_in(scoped) if scoped is not None else []
+    close = difflib.get_close_matches(name.split('.')[-1], candidates, n=5, cutoff=0.6)
+    lines = [f'{name!r} is not registered in the {scope}::{reg_name} registry (a config\'s '
+             f'`type` names are looked up in its default_scope, here {scope!r}).']
+    lines.append(f'Close matches: {", ".join(close)}.' if close else
+                 'No registered name is close to it.')
+    from mmrobust.registry import registered_modules
+    ours = {name for _, name, _ in registered_modules()}
+    if name in ours or any(c in ours for c in close):
+        lines.append(f'mmrobust modules are registered by importing mmrobust: make sure the '
+                     f'config has `{CUSTOM_IMPORTS_LINE}`.')
+    if root is not None:
+        others = [s for s, child in root.children.items()
+                  if s != scope and name in child.module_dict]
+        if others:
+            lines.append(f'{name!r} exists in the {", ".join(others)} scope; write '
+                         f"type='{others[0]}.{name}' to use it from a {scope} config.")
+    return ' '.join(lines)
+
+
+@contextlib.contextmanager
+def explain_registry_errors() -> Iterator[None]:
+    """Re-raise registry lookup failures inside the block with :func:`explain_registry_error`."""
+    try:
+        yield
+    except KeyError as exc:
+        message = explain_registry_error(exc)
+        if message is None:
+            raise
+        raise RegistryLookupError(message) from exc
+
+
+def _config_types(obj: Any) -> Iterator[str]:
+    if isinstance(obj, dict):
+        if isinstance(obj.get('type'), str):
+            yield obj['type']
+        for value in obj.values():
+            yield from _config_types(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _config_types(value)
+
+
+def check_custom_imports(cfg: Config) -> None:
+    """Refuse a config that names mmrobust modules but does not import mmrobust.
+
+    Without `custom_imports` such a config only works by accident (when something else imported
+    mmrobust first) and fails in mmdet's/mmseg's own tools, so the mistake is caught here.
+    """
+    from mmrobust.registry import registered_modules
+    ours = {name for _, name, _ in registered_modules()}
+    used = sorted({t.split('.')[-1] for t in _config_types(cfg.to_dict())} & ours)
+    imports = (cfg.get('custom_imports') or {}).get('imports', [])
+    imports = [imports] if isinstance(imports, str) else list(imports)
+    if used and not any(i == 'mmrobust' or i.startswith('mmrobust.') for i in imports):
+        raise MissingCustomImportsError(
+            f'the config uses mmrobust modules ({", ".join(used)}) but does not import mmrobust, '
+            f'so they are not registered in the {cfg.get("default_scope")} scope. Add this line '
+            f'to the config: {CUSTOM_IMPORTS_LINE}')

@@ -1,0 +1,58 @@
+"""Shared fixtures: the repository root, the toy datasets, and a runner for the CLI tools."""
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / 'configs'
+ALL_CONFIGS = sorted(p for p in CONFIGS.rglob('*.py') if '_base_' not in p.parts)
+
+
+def config_id(path: Path) -> str:
+    return str(path.relative_to(CONFIGS))
+
+
+@pytest.fixture(scope='session')
+def toy_data() -> Dict[str, Path]:
+    """The toy datasets under the repository's data/ folder, generated once (idempotent)."""
+    from mmrobust.datasets import generate_toy_dataset
+    roots = {}
+    for name in ('toy_coco', 'toy_cityscapes'):
+        roots[name] = REPO / 'data' / name
+        generate_toy_dataset(name, str(roots[name]), seed=0)
+    return roots
+
+
+@pytest.fixture
+def in_repo(monkeypatch) -> Path:
+    """Run the test from the repository root, where configs resolve `data/...`."""
+    monkeypatch.chdir(REPO)
+    return REPO
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def run_cmd(args, timeout: float = 600, env: Optional[Dict[str, str]] = None,
+            check: bool = True) -> subprocess.CompletedProcess:
+    """Run a command from the repository root; on failure show its output."""
+    full_env = {**os.environ, 'PYTHONPATH': str(REPO), 'PYTHON': sys.executable,
+                'OMP_NUM_THREADS': os.environ.get('OMP_NUM_THREADS', '2'), **(env or {})}
+    proc = subprocess.run([str(a) for a in args], cwd=REPO, env=full_env, timeout=timeout,
+                          capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        pytest.fail(f'command failed ({proc.returncode}): {" ".join(map(str, args))}\n'
+                    f'--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}')
+    return proc
+
+
+def run_tool(tool: str, *args, **kwargs) -> subprocess.CompletedProcess:
+    return run_cmd([sys.executable, REPO / 'tools' / tool, *args], **kwargs)

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Set up mmrobust in one command: a virtualenv with the verified OpenMMLab stack and mmrobust
+# (editable). Safe to rerun: the stack is reinstalled only when requirements change, and the
+# editable install is re-pointed at this checkout every time (seconds).
+#
+#   bash tools/setup_env.sh            # venv at $MMROBUST_VENV (default ~/.venvs/mmrobust)
+#
+# The first run builds mmcv 2.1.0 with its C++ ops from source (~20 min on 2 cores); pip keeps
+# the built wheel in its cache, so later runs and new venvs on the same machine take minutes.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${MMROBUST_VENV:-$HOME/.venvs/mmrobust}
+PYTHON=${PYTHON:-python3}
+
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+  echo "mmrobust's stack is verified on Python 3.11; $PYTHON is $("$PYTHON" --version 2>&1)." >&2
+  echo "Point PYTHON at a Python 3.11 interpreter: PYTHON=python3.11 bash tools/setup_env.sh" >&2
+  exit 1
+fi
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+CONSTRAINTS=(-c "$ROOT/requirements/constraints.txt")
+STAMP="$VENV/.mmrobust-stack"
+STACK_HASH=$(cat "$ROOT/requirements.txt" "$ROOT"/requirements/*.txt "$ROOT/tools/setup_env.sh" \
+  | sha256sum | cut -c1-16)
+
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$STACK_HASH" ]; then
+  echo "== installing the mmrobust stack into $VENV"
+  "${PIP[@]}" install "${CONSTRAINTS[@]}" torch==2.13.0
+  # after torch, which would pull setuptools >= 77 (see requirements/build.txt)
+  "${PIP[@]}" install "${CONSTRAINTS[@]}" -r "$ROOT/requirements/build.txt"
+  # mmcv's setup.py imports torch to compile its ops, hence no build isolation
+  MMCV_WITH_OPS=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} \
+    "${PIP[@]}" install "${CONSTRAINTS[@]}" --no-build-isolation mmcv==2.1.0
+  "${PIP[@]}" install "${CONSTRAINTS[@]}" -r "$ROOT/requirements.txt" -r "$ROOT/requirements/tests.txt"
+  echo "$STACK_HASH" > "$STAMP"
+fi
+
+"${PIP[@]}" install -q "${CONSTRAINTS[@]}" --no-deps --no-build-isolation -e "$ROOT"
+"$VENV/bin/python" - <<'PY'
+import mmcv, mmdet, mmengine, mmseg, torch
+from mmcv.ops import RoIAlign  # noqa: F401  (fails when mmcv was built without its ops)
+import mmrobust
+print(f'mmrobust {mmrobust.__version__} ready: torch {torch.__version__}, mmengine '
+      f'{mmengine.__version__}, mmcv {mmcv.__version__}, mmdet {mmdet.__version__}, '
+      f'mmseg {mmseg.__version__}')
+PY
+echo "Activate it with:  source $VENV/bin/activate"

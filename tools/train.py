@@ -1,0 +1,52 @@
+"""Train a detector (mmdet config) or segmentor (mmseg config); the config's scope decides.
+
+    python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp] [--auto-scale-lr]
+                                 [--cfg-options k=v ...] [--launcher none|pytorch|slurm|mpi]
+"""
+import argparse
+import os
+
+from mmengine.config import Config, DictAction
+
+from mmrobust.apis import apply_common_args, apply_train_args, build_runner
+from mmrobust.utils import explain_registry_errors
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description='Train a detector or segmentor')
+    parser.add_argument('config', help='train config file path')
+    parser.add_argument('--work-dir', help='where logs and checkpoints go '
+                        '(default: work_dirs/<config name>)')
+    parser.add_argument('--amp', action='store_true',
+                        help='automatic mixed precision (fp16 on GPU, bf16 on CPU)')
+    parser.add_argument('--auto-scale-lr', action='store_true',
+                        help="scale the LR by the actual total batch size over the config's "
+                        'auto_scale_lr.base_batch_size')
+    parser.add_argument('--resume', nargs='?', type=str, const='auto',
+                        help='resume from this checkpoint, or without a path from the latest '
+                        'checkpoint in the work dir')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config settings, key=value (e.g. '
+                        'train_cfg.max_iters=100 or "key=[a,b]")')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args()
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    cfg = Config.fromfile(args.config)
+    cfg = apply_common_args(cfg, args.config, args.launcher, args.work_dir, args.cfg_options)
+    cfg = apply_train_args(cfg, args.resume, args.amp, args.auto_scale_lr)
+    loaders = ('train_dataloader', 'val_dataloader') if cfg.get('val_cfg') else ('train_dataloader',)
+    runner = build_runner(cfg, loaders)
+    with explain_registry_errors():
+        runner.train()
+    runner.logger.info(f'checkpoints and logs are in {os.path.abspath(cfg.work_dir)}')
+
+
+if __name__ == '__main__':
+    main()
