@@ -10,6 +10,6 @@ from .utils.checkpoint import install_safe_checkpoint_loader
 
 install_safe_checkpoint_loader()
 
-from . import datasets, engine, registry  # noqa: E402,F401  (registers modules)
+from . import datasets, engine, models, registry  # noqa: E402,F401  (registers modules)
 
 __all__ = ['__version__']

@@ -58,6 +58,17 @@ def test_detection_train_test_and_resume(toy_data, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize('config', ['configs/toy/mask-rcnn_fan-t-hybrid_fpn_toy-coco.py',
+                                    'configs/toy/segformer_fan-t-hybrid_toy-cityscapes.py'])
+def test_fan_toy_configs_train(config, toy_data, tmp_path):
+    work = tmp_path / 'fan'
+    run_tool('train.py', config, '--work-dir', work, *_short(2))
+    ckpt = safe_load(str(work / 'iter_2.pth'))
+    assert ckpt['meta']['iter'] == 2
+    assert any(k.startswith('backbone.blocks.') for k in ckpt['state_dict'])
+
+
+@pytest.mark.slow
 def test_segmentation_train_and_test(toy_data, tmp_path):
     work = tmp_path / 'seg'
     run_tool('train.py', SEG_CFG, '--work-dir', work, *_short(4))

@@ -1,0 +1,20 @@
+# Mask R-CNN with a FAN-T-Hybrid backbone (from scratch) on mmrobust's toy COCO: the CPU-sized
+# version of configs/fan/mask-rcnn_fan-s-hybrid_fpn_ms-crop-3x_coco.py.
+_base_ = './mask-rcnn_r18_fpn_toy-coco.py'
+
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='FANHybrid',
+        arch='tiny',
+        out_type='det',
+        init_cfg=None),
+    neck=dict(in_channels=[128, 256, 192, 768]))
+optim_wrapper = dict(
+    paramwise_cfg=dict(
+        norm_decay_mult=0.,
+        custom_keys={
+            'pos_embed': dict(decay_mult=0.),
+            'cls_token': dict(decay_mult=0.),
+            'temperature': dict(decay_mult=0.),
+        }))

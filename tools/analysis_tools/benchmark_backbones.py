@@ -1,0 +1,121 @@
+"""Forward+backward time and peak memory of backbones, against baselines measured in the same run.
+
+    python tools/analysis_tools/benchmark_backbones.py                      # every FAN variant
+    python tools/analysis_tools/benchmark_backbones.py --models fan_hybrid_tiny fan_hybrid_small \
+        --size 512 --batch 1 --iters 5
+
+Each model runs in its own process (so peak memory is its own), at the same input, in the same
+run as mmdet's Swin-T and ResNet-50, and the table gives every figure as a ratio to both
+(this machine kind is noisy: compare ratios, not milliseconds across runs). Peak memory is
+`torch.cuda.max_memory_allocated` on a GPU and the growth of the process's peak RSS on a CPU.
+"""
+import argparse
+import multiprocessing as mp
+import resource
+import statistics
+import time
+from typing import Dict, List
+
+import torch
+
+BASELINES = ('swin_t', 'resnet50')
+FAN_MODELS = tuple(f'fan_{family}_{arch}' for family in ('hybrid', 'swin')
+                   for arch in ('tiny', 'small', 'base', 'large'))
+
+
+def build(name: str) -> torch.nn.Module:
+    """A dense backbone by benchmark name."""
+    import mmrobust  # noqa: F401  (registers the FAN backbones)
+    from mmdet.registry import MODELS
+    from mmengine.registry import init_default_scope
+    init_default_scope('mmdet')
+    if name == 'swin_t':
+        cfg = dict(type='SwinTransformer', embed_dims=96, depths=[2, 2, 6, 2],
+                   num_heads=[3, 6, 12, 24], window_size=7, out_indices=(0, 1, 2, 3))
+    elif name == 'resnet50':
+        cfg = dict(type='ResNet', depth=50, out_indices=(0, 1, 2, 3), frozen_stages=-1,
+                   norm_eval=False)
+    elif name.startswith('fan_hybrid_'):
+        cfg = dict(type='FANHybrid', arch=name.rsplit('_', 1)[1], out_type='det')
+    elif name.startswith('fan_swin_'):
+        cfg = dict(type='FANSwin', arch=name.rsplit('_', 1)[1])
+    else:
+        raise KeyError(f'unknown model {name!r}; choose from {BASELINES + FAN_MODELS}')
+    model = MODELS.build(cfg)
+    model.init_weights()
+    return model
+
+
+def _measure(name: str, size: int, batch: int, iters: int, warmup: int, threads: int,
+             queue: mp.Queue) -> None:
+    torch.set_num_threads(threads)
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    model = build(name).to(device)
+    model.train()  # NOTE: mmdet's Swin returns None from train()
+    params = sum(p.numel() for p in model.parameters())
+    x = torch.randn(batch, 3, size, size, device=device)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if device == 'cuda':
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for i in range(warmup + iters):
+        if device == 'cuda':
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        outs = model(x)
+        sum(o.float().mean() for o in outs).backward()
+        model.zero_grad(set_to_none=True)
+        if device == 'cuda':
+            torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    if device == 'cuda':
+        peak_mb = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
+    queue.put(dict(name=name, ms=1000 * statistics.median(times), peak_mb=peak_mb,
+                   params_m=params / 1e6))
+
+
+def measure(name: str, args: argparse.Namespace) -> Dict:
+    ctx = mp.get_context('spawn')
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_measure, args=(name, args.size, args.batch, args.iters,
+                                              args.warmup, args.threads, queue))
+    proc.start()
+    proc.join()
+    if proc.exitcode != 0:
+        raise RuntimeError(f'benchmarking {name} failed (exit code {proc.exitcode})')
+    return queue.get()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--models', nargs='+', default=list(FAN_MODELS),
+                        choices=list(FAN_MODELS), help='FAN variants to time')
+    parser.add_argument('--size', type=int, default=512, help='square input size')
+    parser.add_argument('--batch', type=int, default=1)
+    parser.add_argument('--iters', type=int, default=5, help='timed iterations (median)')
+    parser.add_argument('--warmup', type=int, default=2)
+    parser.add_argument('--threads', type=int, default=torch.get_num_threads())
+    args = parser.parse_args()
+
+    rows: List[Dict] = []
+    for name in (*BASELINES, *args.models):
+        row = measure(name, args)
+        rows.append(row)
+        print(f'{name:18s} {row["ms"]:9.1f} ms  {row["peak_mb"]:8.0f} MB', flush=True)
+    base = {r['name']: r for r in rows if r['name'] in BASELINES}
+    device = 'cuda' if torch.cuda.is_available() else f'cpu ({args.threads} threads)'
+    print(f'\nforward+backward, {args.batch}x3x{args.size}x{args.size}, {device}, median of '
+          f'{args.iters}\n')
+    print('| model | params (M) | ms | x Swin-T | x ResNet-50 | peak MB | mem x Swin-T |')
+    print('|---|---|---|---|---|---|---|')
+    for r in rows:
+        print(f'| {r["name"]} | {r["params_m"]:.1f} | {r["ms"]:.1f} | '
+              f'{r["ms"] / base["swin_t"]["ms"]:.2f} | {r["ms"] / base["resnet50"]["ms"]:.2f} | '
+              f'{r["peak_mb"]:.0f} | {r["peak_mb"] / max(base["swin_t"]["peak_mb"], 1):.2f} |')
+
+
+if __name__ == '__main__':
+    main()
