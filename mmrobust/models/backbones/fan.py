@@ -17,13 +17,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmcv.cnn.bricks import DropPath
-from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmrobust.registry import MODELS
 from ..layers import ChannelProcessing, ConvMlp, LayerNorm2d, Mlp, PositionalEncodingFourier
-from ..utils import load_pretrained, unwrap_state_dict
+from ..utils import unwrap_state_dict
+from .base import DenseBackbone
 
 __all__ = ['FANHybrid', 'checkpoint_filter_fn']
 
@@ -178,7 +178,7 @@ class ClassAttentionBlock(nn.Module):
 
 # --------------------------------------------------------------------------- model
 @MODELS.register_module()
-class FANHybrid(BaseModule):
+class FANHybrid(DenseBackbone):
     """FAN-Hybrid backbone (ConvNeXt stem + FAN blocks + class attention).
 
     Args:
@@ -228,7 +228,7 @@ class FANHybrid(BaseModule):
                  norm_eval: bool = False,
                  with_cp: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
+        super().__init__(frozen_stages, norm_eval, init_cfg)
         if isinstance(arch, str):
             if arch not in self.arch_zoo:
                 raise KeyError(f'unknown FAN-Hybrid arch {arch!r}; choose from '
@@ -254,7 +254,7 @@ class FANHybrid(BaseModule):
         dim, heads, depth = arch['embed_dims'], arch['num_heads'], arch['depth']
         self.embed_dims, self.out_block = dim, arch['out_block']
         self.out_type, self.out_indices = out_type, tuple(out_indices)
-        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
+        self.with_cp = with_cp
 
         self.patch_embed = HybridEmbed(dim, arch['convnext_depths'], self.stem_dims,
                                        stem_unbiased_norm)
@@ -284,48 +284,28 @@ class FANHybrid(BaseModule):
         self._freeze_stages()
 
     # ---------------------------------------------------------------- weights
-    def _stage_modules(self) -> List[List[nn.Module]]:
-        """Modules per freezing group: stem conv, ConvNeXt stage 0, stage 1, FAN blocks up to
-        the stride-16 output, and the rest."""
+    def _class_path_parameters(self) -> List[nn.Parameter]:
+        return [self.cls_token, *(p for blk in self.cls_attn_blocks
+                                  for p in blk.class_path_parameters())]
+
+    def _stage_groups(self) -> List[List[nn.Module]]:
+        """Stem conv, ConvNeXt stage 0, stage 1, FAN blocks up to the stride-16 output, rest."""
         convnext = self.patch_embed.backbone
         rest: List[nn.Module] = [*self.blocks[self.out_block + 1:], *self.cls_attn_blocks]
         rest += [getattr(self, n) for n in ('learnable_downsample', 'norm', 'head') if hasattr(self, n)]
         return [[convnext.stem], [convnext.stages[0]], [convnext.stages[1]],
                 [self.patch_embed.proj, self.pos_embed, *self.blocks[:self.out_block + 1]], rest]
 
-    def _class_path_parameters(self) -> List[nn.Parameter]:
-        return [self.cls_token, *(p for blk in self.cls_attn_blocks
-                                  for p in blk.class_path_parameters())]
-
     def _freeze_stages(self) -> None:
-        groups = self._stage_modules()
-        for group in groups[:self.frozen_stages + 1]:
-            for module in group:
-                module.eval()
-                for param in module.parameters():
-                    param.requires_grad = False
+        super()._freeze_stages()
         if self.frozen_stages >= 4:
             self.cls_token.requires_grad = False
 
-    def train(self, mode: bool = True) -> 'FANHybrid':
-        super().train(mode)
-        self._freeze_stages()
-        if mode and self.norm_eval:
-            for m in self.modules():
-                if isinstance(m, _BatchNorm):
-                    m.eval()
-        return self
+    def _newly_added(self) -> Tuple[str, ...]:
+        return ('learnable_downsample.',) if self.out_type == 'det' else ()
 
-    def init_weights(self) -> None:
-        if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
-            allowed = ('learnable_downsample.',) if self.out_type == 'det' else ()
-            self._init_from_scratch()  # NOTE: initialises the layers the checkpoint may lack
-            load_pretrained(self, self.init_cfg['checkpoint'], checkpoint_filter_fn, allowed)
-        elif self.init_cfg is not None:
-            super().init_weights()
-        else:
-            self._init_from_scratch()
-        self._is_init = True
+    def convert_checkpoint(self, checkpoint: dict) -> Dict[str, torch.Tensor]:
+        return checkpoint_filter_fn(checkpoint, self)
 
     def _init_from_scratch(self) -> None:
         trunc_normal_(self.cls_token, std=.02)

@@ -17,13 +17,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmcv.cnn.bricks import DropPath
-from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmrobust.registry import MODELS
 from ..layers import ChannelProcessing, Mlp
-from ..utils import load_pretrained, unwrap_state_dict
+from ..utils import unwrap_state_dict
+from .base import DenseBackbone
 
 __all__ = ['FANSwin', 'checkpoint_filter_fn']
 
@@ -164,7 +164,7 @@ class PatchEmbed(nn.Module):
 
 # --------------------------------------------------------------------------- model
 @MODELS.register_module()
-class FANSwin(BaseModule):
+class FANSwin(DenseBackbone):
     """FAN-Swin backbone.
 
     Args:
@@ -199,7 +199,7 @@ class FANSwin(BaseModule):
                  norm_eval: bool = False,
                  with_cp: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
+        super().__init__(frozen_stages, norm_eval, init_cfg)
         if isinstance(arch, str):
             if arch not in self.arch_zoo:
                 raise KeyError(f'unknown FAN-Swin arch {arch!r}; choose from '
@@ -222,7 +222,7 @@ class FANSwin(BaseModule):
             raise ValueError('FAN-Swin has 4 stages: depths and num_heads need 4 entries')
         dims = [arch['embed_dims'] * 2 ** i for i in range(4)]
         self.out_type, self.out_indices = out_type, tuple(out_indices)
-        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
+        self.with_cp = with_cp
 
         self.patch_embed = PatchEmbed(dims[0])
         n = sum(depths)
@@ -243,35 +243,19 @@ class FANSwin(BaseModule):
         self._freeze_stages()
 
     # ---------------------------------------------------------------- weights
-    def _freeze_stages(self) -> None:
+    def _stage_groups(self) -> List[List[nn.Module]]:
+        """Patch embedding, then each stage with its output norm."""
         groups: List[List[nn.Module]] = [[self.patch_embed]]
         for i, layer in enumerate(self.layers):
             groups.append([layer] + ([getattr(self, f'norm{i}')] if hasattr(self, f'norm{i}') else []))
-        for group in groups[:self.frozen_stages + 1]:
-            for module in group:
-                module.eval()
-                for param in module.parameters():
-                    param.requires_grad = False
+        return groups
 
-    def train(self, mode: bool = True) -> 'FANSwin':
-        super().train(mode)
-        self._freeze_stages()
-        if mode and self.norm_eval:
-            for m in self.modules():
-                if isinstance(m, _BatchNorm):
-                    m.eval()
-        return self
+    def _newly_added(self) -> Tuple[str, ...]:
+        # NOTE: the per-output norms are not in classification checkpoints
+        return tuple(f'norm{i}.' for i in self.out_indices) if self.out_type == 'dense' else ()
 
-    def init_weights(self) -> None:
-        if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
-            self._init_from_scratch()  # NOTE: the per-output norms are not in classification files
-            allowed = tuple(f'norm{i}.' for i in self.out_indices) if self.out_type == 'dense' else ()
-            load_pretrained(self, self.init_cfg['checkpoint'], checkpoint_filter_fn, allowed)
-        elif self.init_cfg is not None:
-            super().init_weights()
-        else:
-            self._init_from_scratch()
-        self._is_init = True
+    def convert_checkpoint(self, checkpoint: dict) -> Dict[str, torch.Tensor]:
+        return checkpoint_filter_fn(checkpoint, self)
 
     def _init_from_scratch(self) -> None:
         for m in self.modules():
