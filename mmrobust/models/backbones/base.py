@@ -1,6 +1,6 @@
 """Behaviour shared by mmrobust's dense backbones: stage freezing, `norm_eval`, and strict
 pretrained loading through the family's own checkpoint filter."""
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -13,13 +13,34 @@ from ..utils import load_pretrained
 class DenseBackbone(BaseModule):
     """Base of a backbone with freezable stage groups and a strict pretrained loader.
 
-    Subclasses provide :meth:`_stage_groups` (modules per freezing group, in order),
+    It resolves `arch` against the subclass's :attr:`arch_zoo` (or a custom dict with the same
+    keys) and checks `out_indices` / `frozen_stages`. Subclasses provide :attr:`arch_zoo`,
+    :meth:`_stage_groups` (modules per freezing group, in order),
     :meth:`_init_from_scratch`, :meth:`convert_checkpoint` (the family's checkpoint filter) and
     :meth:`_newly_added` (key prefixes a foreign checkpoint cannot hold).
     """
 
-    def __init__(self, frozen_stages: int, norm_eval: bool, init_cfg: Optional[dict]) -> None:
+    arch_zoo: Dict[str, dict] = {}
+
+    def __init__(self, arch: Union[str, dict], out_indices: Sequence[int], num_outs: int,
+                 frozen_stages: int, norm_eval: bool, init_cfg: Optional[dict]) -> None:
         super().__init__(init_cfg=init_cfg)
+        family, keys = type(self).__name__, sorted(next(iter(self.arch_zoo.values())))
+        if isinstance(arch, str):
+            if arch not in self.arch_zoo:
+                raise KeyError(f'unknown {family} arch {arch!r}; choose from '
+                               f'{sorted(self.arch_zoo)} or pass a dict with keys {keys}')
+            self.arch_name, self.arch = arch, self.arch_zoo[arch]
+        else:
+            if sorted(arch) != keys:
+                raise KeyError(f'a custom {family} arch needs exactly the keys {keys}, '
+                               f'got {sorted(arch)}')
+            self.arch_name, self.arch = 'custom', dict(arch)
+        if not set(out_indices) <= set(range(num_outs)):
+            raise ValueError(f'out_indices {tuple(out_indices)} must be within 0..{num_outs - 1}')
+        if not -1 <= frozen_stages <= num_outs:
+            raise ValueError(f'frozen_stages must be within -1..{num_outs}, not {frozen_stages}')
+        self.out_indices = tuple(out_indices)
         self.frozen_stages, self.norm_eval = frozen_stages, norm_eval
 
     def _stage_groups(self) -> List[List[nn.Module]]:

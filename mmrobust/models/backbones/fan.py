@@ -228,33 +228,17 @@ class FANHybrid(DenseBackbone):
                  norm_eval: bool = False,
                  with_cp: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
-        super().__init__(frozen_stages, norm_eval, init_cfg)
-        if isinstance(arch, str):
-            if arch not in self.arch_zoo:
-                raise KeyError(f'unknown FAN-Hybrid arch {arch!r}; choose from '
-                               f'{sorted(self.arch_zoo)} or pass a dict with keys '
-                               f'{sorted(self.arch_zoo["tiny"])}')
-            self.arch_name, arch = arch, self.arch_zoo[arch]
-        else:
-            self.arch_name = 'custom'
-            missing = set(self.arch_zoo['tiny']) - set(arch)
-            if missing or set(arch) - set(self.arch_zoo['tiny']):
-                raise KeyError(f'a custom FAN-Hybrid arch needs exactly the keys '
-                               f'{sorted(self.arch_zoo["tiny"])}, got {sorted(arch)}')
+        super().__init__(arch, out_indices, 4, frozen_stages, norm_eval, init_cfg)
+        arch = self.arch
         if out_type not in ('det', 'seg', 'cls'):
             raise ValueError(f"out_type must be 'det', 'seg' or 'cls', not {out_type!r}")
         if drop_path_schedule not in ('constant', 'linear'):
             raise ValueError(f"drop_path_schedule must be 'constant' or 'linear'")
         if not 0 <= arch['out_block'] < arch['depth']:
             raise ValueError(f"out_block {arch['out_block']} is not a block index (< {arch['depth']})")
-        if not set(out_indices) <= {0, 1, 2, 3}:
-            raise ValueError(f'out_indices {out_indices} must be within 0..3')
-        if not -1 <= frozen_stages <= 4:
-            raise ValueError(f'frozen_stages must be within -1..4, not {frozen_stages}')
         dim, heads, depth = arch['embed_dims'], arch['num_heads'], arch['depth']
         self.embed_dims, self.out_block = dim, arch['out_block']
-        self.out_type, self.out_indices = out_type, tuple(out_indices)
-        self.with_cp = with_cp
+        self.out_type, self.with_cp = out_type, with_cp
 
         self.patch_embed = HybridEmbed(dim, arch['convnext_depths'], self.stem_dims,
                                        stem_unbiased_norm)

@@ -199,30 +199,15 @@ class FANSwin(DenseBackbone):
                  norm_eval: bool = False,
                  with_cp: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
-        super().__init__(frozen_stages, norm_eval, init_cfg)
-        if isinstance(arch, str):
-            if arch not in self.arch_zoo:
-                raise KeyError(f'unknown FAN-Swin arch {arch!r}; choose from '
-                               f'{sorted(self.arch_zoo)} or pass a dict with keys '
-                               f'{sorted(self.arch_zoo["tiny"])}')
-            self.arch_name, arch = arch, self.arch_zoo[arch]
-        else:
-            self.arch_name = 'custom'
-            if set(arch) != set(self.arch_zoo['tiny']):
-                raise KeyError(f'a custom FAN-Swin arch needs exactly the keys '
-                               f'{sorted(self.arch_zoo["tiny"])}, got {sorted(arch)}')
+        super().__init__(arch, out_indices, 4, frozen_stages, norm_eval, init_cfg)
+        arch = self.arch
         if out_type not in ('dense', 'cls'):
             raise ValueError(f"out_type must be 'dense' or 'cls', not {out_type!r}")
-        if not set(out_indices) <= {0, 1, 2, 3}:
-            raise ValueError(f'out_indices {out_indices} must be within 0..3')
-        if not -1 <= frozen_stages <= 4:
-            raise ValueError(f'frozen_stages must be within -1..4, not {frozen_stages}')
         depths, heads = arch['depths'], arch['num_heads']
         if len(depths) != 4 or len(heads) != 4:
             raise ValueError('FAN-Swin has 4 stages: depths and num_heads need 4 entries')
         dims = [arch['embed_dims'] * 2 ** i for i in range(4)]
-        self.out_type, self.out_indices = out_type, tuple(out_indices)
-        self.with_cp = with_cp
+        self.out_type, self.with_cp = out_type, with_cp
 
         self.patch_embed = PatchEmbed(dims[0])
         n = sum(depths)
