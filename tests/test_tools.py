@@ -103,6 +103,13 @@ def test_dist_train_two_cpu_processes_and_resume(toy_data, tmp_path):
     run_cmd(['bash', REPO / 'tools/dist_train.sh', DET_CFG, '2', '--work-dir', work,
              '--resume', str(work / 'iter_3.pth'), *_short(5)], env=env)
     assert safe_load(str(work / 'iter_5.pth'))['meta']['iter'] == 5
+    # and the 2-process test launcher evaluates all 24 val images of that checkpoint
+    proc = run_cmd(['bash', REPO / 'tools/dist_test.sh', DET_CFG, work / 'iter_5.pth', '2',
+                    '--work-dir', tmp_path / 'dist_test', '--cfg-options',
+                    'test_dataloader.num_workers=0', 'test_dataloader.persistent_workers=False'],
+                   env={'PORT': str(free_port())})
+    log = proc.stdout + proc.stderr
+    assert 'GPU number: 2' in log and 'Iter(test) [12/12]' in log and 'coco/bbox_mAP' in log
 
 
 def test_slurm_scripts_call_srun_with_the_tools(tmp_path):
