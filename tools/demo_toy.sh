@@ -20,4 +20,4 @@ CHECKPOINT=$(cat "$WORK_DIR/last_checkpoint")
 echo
 echo "checkpoint: $CHECKPOINT"
 echo "train logs: $(ls -d "$ROOT/$WORK_DIR"/2*/ | tail -n 1)"
-echo "test logs:  $(ls -d "$ROOT/$WORK_DIR"/test/2*/ | tail -n 1)"
+echo "test logs:  $(ls -d "$ROOT/$WORK_DIR/test"/2*/ | tail -n 1)"
