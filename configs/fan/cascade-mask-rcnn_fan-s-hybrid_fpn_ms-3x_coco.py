@@ -1,27 +1,15 @@
 # Cascade Mask R-CNN + FPN with FAN-S-Hybrid on COCO 2017: FAN's detection setting (3x schedule,
 # multi-scale training 480-800, AdamW lr 1e-4 wd 0.05).
-# ImageNet weights: put fan_hybrid_small.pth.tar (NVlabs FAN release) under checkpoints/, or
-# train from scratch with --cfg-options model.backbone.init_cfg=None.
 _base_ = [
     'mmdet::common/ms_3x_coco-instance.py',
     'mmdet::_base_/models/cascade-mask-rcnn_r50_fpn.py',
+    './_base_/fan-s-hybrid.py',
 ]
 custom_imports = dict(imports=['mmrobust'], allow_failed_imports=False)
 
-# ==== frequently modified ====
-arch = 'small'
-pretrained = 'checkpoints/fan_hybrid_small.pth.tar'
-dims = {'tiny': 192, 'small': 384, 'base': 448, 'large': 480}[arch]
-
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='FANHybrid',
-        arch=arch,
-        out_type='det',
-        drop_path_rate=0.1,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[128, 256, dims, 768]))
+    backbone={{_base_.fan_det_backbone}},
+    neck=dict(in_channels={{_base_.fan_det_channels}}))
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),
@@ -33,14 +21,6 @@ train_pipeline = [
 train_dataloader = dict(dataset=dict(dataset=dict(pipeline=train_pipeline)))
 
 optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
-    paramwise_cfg=dict(
-        norm_decay_mult=0.,
-        custom_keys={
-            'pos_embed': dict(decay_mult=0.),
-            'cls_token': dict(decay_mult=0.),
-            'temperature': dict(decay_mult=0.),
-        }))
+    optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
+    paramwise_cfg={{_base_.fan_det_paramwise}})
 auto_scale_lr = dict(enable=False, base_batch_size=16)

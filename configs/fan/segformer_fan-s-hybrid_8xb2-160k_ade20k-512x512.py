@@ -1,31 +1,10 @@
 # SegFormer head (embed 768) on a FAN-S-Hybrid backbone, ADE20K 512x512, 160k iters,
-# AdamW lr 6e-5 wd 0.01, head lr x10, poly schedule.
-_base_ = 'mmseg::segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py'
+# AdamW lr 6e-5 wd 0.01, head lr x10, poly schedule, whole-image test.
+_base_ = ['mmseg::segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py', './_base_/fan-s-hybrid.py']
 custom_imports = dict(imports=['mmrobust'], allow_failed_imports=False)
 
-# ==== frequently modified ====
-arch = 'small'
-pretrained = 'checkpoints/fan_hybrid_small.pth.tar'
-dims = {'tiny': 192, 'small': 384, 'base': 448, 'large': 480}[arch]
-
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='FANHybrid',
-        arch=arch,
-        out_type='seg',
-        drop_path_rate=0.1,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    decode_head=dict(in_channels=[128, 256, dims, dims], channels=768))
-
-optim_wrapper = dict(
-    paramwise_cfg=dict(
-        _delete_=True,
-        norm_decay_mult=0.,
-        custom_keys={
-            'pos_embed': dict(decay_mult=0.),
-            'cls_token': dict(decay_mult=0.),
-            'temperature': dict(decay_mult=0.),
-            'head': dict(lr_mult=10.),
-        }))
+    backbone={{_base_.fan_seg_backbone}},
+    decode_head=dict(in_channels={{_base_.fan_seg_channels}}, channels=768))
+optim_wrapper = dict(paramwise_cfg={{_base_.fan_seg_paramwise}})
 auto_scale_lr = dict(enable=False, base_batch_size=16)
