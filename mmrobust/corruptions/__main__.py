@@ -1,0 +1,6 @@
+"""``python -m mmrobust.corruptions SRC OUT ...``: the same CLI as tools/make_corrupted.py."""
+import sys
+
+from .generate import main
+
+sys.exit(main())

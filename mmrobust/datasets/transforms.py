@@ -1,0 +1,75 @@
+"""Data transforms of mmrobust (registered for both mmdet and mmseg pipelines)."""
+from pathlib import Path
+from typing import Dict, Optional
+
+import mmdet.datasets.transforms  # noqa: F401  (registers mmdet's Corrupt first; see below)
+from mmcv.transforms import BaseTransform
+
+from ..corruptions import SEVERITIES, corrupt, derive_seed, get_corruption
+from ..registry import TRANSFORMS
+
+
+# NOTE: mmdet ships a `Corrupt` (imagecorruptions, unseeded, crashes on current scikit-image for
+# glass/gaussian blur). This one takes the same arguments and replaces it in the mmdet scope, so
+# `dict(type='Corrupt', ...)` means the same transform in mmdet and mmseg configs.
+@TRANSFORMS.register_module(force=True)
+class Corrupt(BaseTransform):
+    """Corrupt ``results['img']`` with one corruption at one severity (on-the-fly COCO-C etc.).
+
+    Place it right after the image-loading step. It replaces mmdet's ``Corrupt`` (same
+    ``corruption``/``severity`` arguments); ``bgr_compat=True`` reproduces mmdet's colour
+    handling. The corruption of every image is seeded from
+    (``seed``, the image's file name, corruption, severity), the same scheme as
+    ``tools/make_corrupted.py``, so on-the-fly and stored corrupted sets are identical.
+
+    Args:
+        corruption: a corruption name (``gaussian_noise``, ... see ``mmrobust.corruptions``).
+        severity: 1..5.
+        seed: global seed of the corrupted set.
+        channel_order: colour order of ``results['img']``: ``'bgr'`` for mmcv's loaders
+            (default), ``'rgb'`` for loaders configured with ``channel_order='rgb'``.
+        bgr_compat: corrupt the array as if it were RGB whatever its order, which reproduces
+            mmdet's historical (BGR) COCO-C numbers.
+    """
+
+    def __init__(self, corruption: str, severity: int = 1, seed: int = 0, channel_order: str = 'bgr',
+                 bgr_compat: bool = False) -> None:
+        self.corruption = get_corruption(corruption).name
+        if severity not in SEVERITIES:
+            raise ValueError(f'Corrupt: severity must be in 1..5, got {severity!r}.')
+        if channel_order not in ('bgr', 'rgb'):
+            raise ValueError(f"Corrupt: channel_order must be 'bgr' or 'rgb', got "
+                             f'{channel_order!r}.')
+        self.severity = int(severity)
+        self.seed = int(seed)
+        self.channel_order = channel_order
+        self.bgr_compat = bool(bgr_compat)
+
+    @staticmethod
+    def image_id(results: Dict) -> str:
+        """The id an image is seeded by: its file name (as in the dataset generator)."""
+        path: Optional[str] = results.get('img_path')
+        if path:
+            return Path(path).name
+        if 'img_id' in results:
+            return str(results['img_id'])
+        if 'sample_idx' in results:
+            return str(results['sample_idx'])
+        raise KeyError('Corrupt needs img_path, img_id or sample_idx in the results to seed the '
+                       'corruption per image; put it after LoadImageFromFile.')
+
+    def transform(self, results: Dict) -> Dict:
+        if 'img' not in results:
+            raise KeyError('Corrupt found no image in the results: put it right after the '
+                           'image-loading transform (e.g. LoadImageFromFile).')
+        seed = derive_seed(self.seed, self.image_id(results), self.corruption, self.severity)
+        order = 'rgb' if self.bgr_compat else self.channel_order
+        results['img'] = corrupt(results['img'], self.corruption, self.severity, seed=seed,
+                                 channel_order=order)
+        results.setdefault('corruption', (self.corruption, self.severity))
+        return results
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}(corruption={self.corruption!r}, '
+                f'severity={self.severity}, seed={self.seed}, '
+                f'channel_order={self.channel_order!r}, bgr_compat={self.bgr_compat})')
