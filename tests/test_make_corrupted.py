@@ -1,0 +1,199 @@
+"""tools/make_corrupted.py on the toy datasets, and the Corrupt transform in real pipelines."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import mmcv
+import numpy as np
+import pytest
+from PIL import Image
+
+from mmrobust.corruptions import corrupt, derive_seed
+from mmrobust.corruptions.generate import MANIFEST, read_image
+
+from conftest import REPO, run_tool
+
+CELLS = ['--corruptions', 'gaussian_noise', 'glass_blur', 'zoom_blur', '--severities', '2', '5']
+
+
+def tree(root: Path) -> dict:
+    """Relative path -> bytes of every regular file under root (links followed for files)."""
+    return {p.relative_to(root).as_posix(): p.read_bytes()
+            for p in sorted(root.rglob('*')) if p.is_file() and p.name != MANIFEST}
+
+
+def test_toy_coco_c_is_deterministic_complete_and_loadable(toy_data, tmp_path):
+    one, two = tmp_path / 'w1', tmp_path / 'w2'
+    run_tool('make_corrupted.py', toy_data['toy_coco'], one, *CELLS, '--workers', '1')
+    run_tool('make_corrupted.py', toy_data['toy_coco'], two, *CELLS, '--workers', '2',
+             '--no-progress')
+    assert tree(one) == tree(two), 'the result depends on the worker count'
+
+    manifest = json.loads((one / MANIFEST).read_text())
+    val = sorted(p.name for p in (toy_data['toy_coco'] / 'val2017').iterdir())
+    assert manifest['counts']['files_expected'] == len(val) * 6 == \
+        manifest['counts']['files_present']
+    assert manifest['seed'] == 0 and manifest['channel_order'] == 'rgb'
+    for name in ('gaussian_noise', 'glass_blur', 'zoom_blur'):
+        for severity in (2, 5):
+            cell = one / name / str(severity)
+            assert sorted(p.name for p in (cell / 'val2017').iterdir()) == val
+            assert (cell / 'annotations' / 'instances_val2017.json').is_file()
+    # each file is the engine's output for its per-image seed (JPEG-encoded at quality 95)
+    src = read_image(toy_data['toy_coco'] / 'val2017' / val[0])
+    expected = corrupt(src, 'zoom_blur', 5, seed=derive_seed(0, val[0], 'zoom_blur', 5))
+    stored = read_image(one / 'zoom_blur' / '5' / 'val2017' / val[0])
+    assert np.abs(stored.astype(int) - expected).mean() < 2.0
+
+    # every cell is a dataset mmdet loads
+    from mmdet.registry import DATASETS
+    from mmengine.registry import init_default_scope
+    init_default_scope('mmdet')
+    cell = one / 'glass_blur' / '5'
+    dataset = DATASETS.build(dict(
+        type='CocoDataset', data_root=str(cell), ann_file='annotations/instances_val2017.json',
+        data_prefix=dict(img='val2017/'), test_mode=True,
+        pipeline=[dict(type='LoadImageFromFile'), dict(type='PackDetInputs')]))
+    assert len(dataset) == len(val)
+    assert dataset[0]['inputs'].shape[0] == 3
+
+
+def test_toy_cityscapes_c_keeps_png_and_labels(toy_data, tmp_path):
+    out = tmp_path / 'cs'
+    run_tool('make_corrupted.py', toy_data['toy_cityscapes'], out, '--protocol', 'cityscapes_c',
+             '--corruptions', 'fog', 'speckle_noise', '--workers', '2', '--no-progress')
+    assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, 'fog', 'speckle_noise'])
+    assert sorted(p.name for p in (out / 'speckle_noise').iterdir()) == ['1', '2', '3']
+    src_imgs = sorted((toy_data['toy_cityscapes'] / 'leftImg8bit' / 'val').rglob('*.png'))
+    cell = out / 'fog' / '4'
+    for path in src_imgs:
+        rel = path.relative_to(toy_data['toy_cityscapes'])
+        stored, original = read_image(cell / rel), read_image(path)
+        assert stored.shape == original.shape  # PNG stays PNG, lossless
+        expected = corrupt(original, 'fog', 4, seed=derive_seed(0, path.name, 'fog', 4))
+        assert np.array_equal(stored, expected)
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import DATASETS
+    init_default_scope('mmseg')
+    dataset = DATASETS.build(dict(
+        type='CityscapesDataset', data_root=str(cell),
+        data_prefix=dict(img_path='leftImg8bit/val', seg_map_path='gtFine/val'),
+        pipeline=[dict(type='LoadImageFromFile'), dict(type='LoadAnnotations'),
+                  dict(type='PackSegInputs')]))
+    assert len(dataset) == len(src_imgs)
+    sample = dataset[0]
+    assert sample['data_samples'].gt_sem_seg.data.shape[-2:] == sample['inputs'].shape[-2:]
+
+
+def test_interrupted_run_resumes_to_the_same_result(toy_data, tmp_path):
+    args = [sys.executable, REPO / 'tools' / 'make_corrupted.py', toy_data['toy_coco'],
+            tmp_path / 'run', '--corruptions', 'glass_blur', 'fog', 'snow', '--severities',
+            '4', '5', '--workers', '1', '--no-progress']
+    env = {**os.environ, 'PYTHONPATH': str(REPO)}
+    proc = subprocess.Popen([str(a) for a in args], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if len(list((tmp_path / 'run').rglob('*.jpg'))) >= 10:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    partial = [p for p in (tmp_path / 'run').rglob('*.jpg')]
+    assert 10 <= len(partial) < 24 * 6, 'the run was not interrupted part-way'
+    for path in partial:  # every visible image is complete (atomic rename)
+        with Image.open(path) as img:
+            img.load()
+    assert not (tmp_path / 'run' / MANIFEST).exists()
+
+    rerun = run_tool(*[str(a) for a in args[1:]])
+    assert 'already there' in rerun.stdout
+    manifest = json.loads((tmp_path / 'run' / MANIFEST).read_text())
+    assert manifest['counts']['skipped_existing'] >= len(partial) - 1
+    assert manifest['counts']['files_present'] == manifest['counts']['files_expected'] == 24 * 6
+    assert not [p for p in (tmp_path / 'run').rglob('*') if '.mmrobust-tmp-' in p.name]
+
+    fresh = tmp_path / 'fresh'
+    run_tool(*[str(a) for a in args[1:3]], fresh, *[str(a) for a in args[4:]])
+    assert tree(tmp_path / 'run') == tree(fresh)
+
+
+def test_unreadable_sources_are_reported_and_skipped(toy_data, tmp_path):
+    src = tmp_path / 'folder'
+    shutil.copytree(toy_data['toy_coco'] / 'val2017', src / 'imgs')
+    good = sorted((src / 'imgs').iterdir())
+    data = good[0].read_bytes()
+    good[0].write_bytes(data[:len(data) // 2])  # truncated JPEG
+    (src / 'imgs' / 'garbage.png').write_bytes(b'not a png at all')
+    proc = run_tool('make_corrupted.py', src, tmp_path / 'out', '--corruptions', 'contrast',
+                    '--severities', '1', '--workers', '2', '--no-progress', check=False)
+    assert proc.returncode == 1
+    manifest = json.loads((tmp_path / 'out' / MANIFEST).read_text())
+    assert sorted(manifest['failed']) == ['imgs/' + good[0].name, 'imgs/garbage.png']
+    written = list((tmp_path / 'out' / 'contrast' / '1' / 'imgs').iterdir())
+    assert len(written) == len(good) - 1
+    assert 'unreadable' in proc.stdout + proc.stderr
+
+
+def test_missing_source_is_explained(tmp_path):
+    proc = run_tool('make_corrupted.py', tmp_path / 'nope', tmp_path / 'out', check=False)
+    assert proc.returncode != 0 and 'does not exist' in proc.stderr
+    proc = run_tool('make_corrupted.py', tmp_path, tmp_path / 'out', '--protocol', 'coco',
+                    check=False)
+    assert proc.returncode != 0 and 'Valid protocols: benchmark' in proc.stderr
+
+
+@pytest.mark.parametrize('scope', ['mmdet', 'mmseg'])
+def test_corrupt_transform_in_test_pipelines(toy_data, in_repo, scope):
+    """The transform inside the toy configs' real test pipelines, right after loading."""
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    config = {'mmdet': 'configs/toy/mask-rcnn_r18_fpn_toy-coco.py',
+              'mmseg': 'configs/toy/segformer_mit-b0_toy-cityscapes.py'}[scope]
+    cfg = Config.fromfile(config)
+    init_default_scope(scope)
+    registry = __import__(f'{scope}.registry', fromlist=['DATASETS'])
+    dataset_cfg = cfg.test_dataloader.dataset
+    pipeline = list(dataset_cfg.pipeline)
+    load = next(i for i, t in enumerate(pipeline) if t['type'] == 'LoadImageFromFile')
+    pipeline.insert(load + 1, dict(type='Corrupt', corruption='snow', severity=3, seed=4))
+    clean = registry.DATASETS.build(dataset_cfg)
+    dataset_cfg.pipeline = pipeline
+    corrupted = registry.DATASETS.build(dataset_cfg)
+    assert 'Corrupt' in repr(corrupted.pipeline)
+
+    a, b = clean[0], corrupted[0]
+    meta = b['data_samples'].metainfo
+    assert a['inputs'].shape == b['inputs'].shape
+    assert not np.array_equal(a['inputs'].numpy(), b['inputs'].numpy())
+    # what the transform did equals the engine on the loaded (BGR) image with its seed
+    raw = mmcv.imread(meta['img_path'])
+    expected = corrupt(raw, 'snow', 3, seed=derive_seed(4, Path(meta['img_path']).name, 'snow', 3),
+                       channel_order='bgr')
+    probe = registry.TRANSFORMS.build(dict(type='Corrupt', corruption='snow', severity=3, seed=4))
+    got = probe(dict(img=raw.copy(), img_path=meta['img_path']))['img']
+    assert np.array_equal(got, expected)
+    # bgr_compat corrupts the BGR array as if it were RGB (mmdet's historical behaviour)
+    compat = registry.TRANSFORMS.build(dict(type='Corrupt', corruption='snow', severity=3, seed=4,
+                                            bgr_compat=True))
+    got = compat(dict(img=raw.copy(), img_path=meta['img_path']))['img']
+    assert np.array_equal(got, corrupt(raw, 'snow', 3, seed=derive_seed(
+        4, Path(meta['img_path']).name, 'snow', 3), channel_order='rgb'))
+
+
+def test_corrupt_transform_errors():
+    from mmdet.registry import TRANSFORMS
+    with pytest.raises(KeyError, match='Valid corruptions'):
+        TRANSFORMS.build(dict(type='Corrupt', corruption='blurry', severity=1))
+    with pytest.raises(ValueError, match='1..5'):
+        TRANSFORMS.build(dict(type='Corrupt', corruption='fog', severity=7))
+    t = TRANSFORMS.build(dict(type='Corrupt', corruption='fog', severity=1))
+    with pytest.raises(KeyError, match='LoadImageFromFile'):
+        t(dict(img_path='x.jpg'))
+    assert cv2 is not None
