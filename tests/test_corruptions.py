@@ -181,3 +181,22 @@ def test_missing_frost_textures_are_explained(monkeypatch, tmp_path):
     monkeypatch.setenv('MMROBUST_FROST_DIR', str(tmp_path))
     with pytest.raises(FileNotFoundError, match='MMROBUST_FROST_DIR'):
         frost_texture_dir()
+
+
+@pytest.mark.parametrize('seed', [0, 1, 2])
+def test_legacy_streams_equal_randomstate(seed):
+    """The compiled poisson/normal draw what RandomState draws and leave the same state."""
+    from mmrobust.corruptions import legacy
+    index = np.random.RandomState(seed + 100).randint(0, 256, 200000).astype(np.uint8)
+    for rate in (3, 12, 60, 500):  # multiplication method, rejection method, and both mixed
+        table = np.arange(256) / 255. * rate
+        ours, ref = np.random.RandomState(seed), np.random.RandomState(seed)
+        assert np.array_equal(legacy.poisson(ours, index, table), ref.poisson(index / 255. * rate))
+        assert ours.random_sample() == ref.random_sample()
+    ours, ref = np.random.RandomState(seed), np.random.RandomState(seed)
+    for size in [(1, ), (3, 5), (1001, ), (48, 64, 3)]:  # odd counts leave a cached value
+        assert np.array_equal(legacy.normal(ours, size, 0.3, 0.2), ref.normal(0.3, 0.2, size))
+    assert ours.random_sample() == ref.random_sample()
+    assert legacy.normal(ours, 1)[0] == ref.normal()
+    with pytest.raises(ValueError, match='rates'):
+        legacy.poisson(ours, index, -np.ones(256))

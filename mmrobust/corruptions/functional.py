@@ -31,11 +31,19 @@ from PIL import Image
 from scipy.ndimage import gaussian_filter
 from scipy.ndimage import zoom as scipy_zoom
 
-from . import _kernels
+from . import _kernels, legacy
 
 # ----------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------
+
+def to_uint8(values: np.ndarray, high: float = 1.0, scale: float = 255.0) -> np.ndarray:
+    """``np.uint8(np.clip(values, 0, high) * scale)`` (the reference's final step), fused."""
+    values = np.ascontiguousarray(values)
+    kind = values.dtype.type
+    flat = _kernels.clip_scale_to_uint8(values.reshape(-1), kind(0), kind(high), kind(scale))
+    return flat.reshape(values.shape)
+
 
 _CV2_BORDERS = {'nearest': cv2.BORDER_REPLICATE, 'reflect': cv2.BORDER_REFLECT}
 
@@ -117,33 +125,14 @@ def _motion_blur(img: np.ndarray, radius: int, sigma: float, angle: float) -> np
 
 
 def _plasma_fractal(rng: np.random.RandomState, mapsize: int, wibble_decay: float) -> np.ndarray:
-    """Diamond-square height map in [0, 1] of side ``mapsize`` (a power of two)."""
-    heights = np.empty((mapsize, mapsize), dtype=np.float64)
-    heights[0, 0] = 0
-    step = mapsize
-    wibble = 100.0
+    """Diamond-square height map in [0, 1] of side ``mapsize`` (a power of two).
 
-    def wibbled_mean(total: np.ndarray) -> np.ndarray:
-        return total / 4 + wibble * rng.uniform(-wibble, wibble, total.shape)
-
-    while step >= 2:
-        half = step // 2
-        # squares: the centre of each square of corners `step` apart
-        corners = heights[0:mapsize:step, 0:mapsize:step]
-        square_sum = corners + np.roll(corners, shift=-1, axis=0)
-        square_sum += np.roll(square_sum, shift=-1, axis=1)
-        heights[half:mapsize:step, half:mapsize:step] = wibbled_mean(square_sum)
-        # diamonds: the edge midpoints, from the two corners and two centres around each
-        centres = heights[half:mapsize:step, half:mapsize:step]
-        corners = heights[0:mapsize:step, 0:mapsize:step]
-        top_sum = (centres + np.roll(centres, 1, axis=0)) + (corners + np.roll(corners, -1, axis=1))
-        heights[0:mapsize:step, half:mapsize:step] = wibbled_mean(top_sum)
-        left_sum = (centres + np.roll(centres, 1, axis=1)) + (corners + np.roll(corners, -1, axis=0))
-        heights[half:mapsize:step, 0:mapsize:step] = wibbled_mean(left_sum)
-        step //= 2
-        wibble /= wibble_decay
-    heights -= heights.min()
-    return heights / heights.max()
+    Draws the same doubles as the reference's per-level ``uniform`` calls (3 n^2 per level),
+    in one call, and builds the map in a compiled loop.
+    """
+    count = sum(3 * (mapsize // (1 << level)) ** 2 for level in range(1, mapsize.bit_length())
+                if mapsize >> level >= 1)
+    return _kernels.plasma_fractal(rng.random_sample(count), mapsize, float(wibble_decay))
 
 
 def frost_texture_dir() -> Path:
@@ -207,14 +196,16 @@ def _frost_rescaled(index: int, height: int, width: int) -> np.ndarray:
 def gaussian_noise(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
     scale = [.08, .12, 0.18, 0.26, 0.38][severity - 1]
     out = img / 255.
-    out += rng.normal(size=img.shape, scale=scale)
-    return np.clip(out, 0, 1, out=out) * 255
+    out += legacy.normal(rng, img.shape, scale=scale)
+    return to_uint8(out)
 
 
 def shot_noise(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
     photons = [60, 25, 12, 5, 3][severity - 1]
-    out = rng.poisson(img / 255. * photons) / float(photons)
-    return np.clip(out, 0, 1, out=out) * 255
+    # NOTE: rng.poisson(img / 255. * photons), with the rate of each of the 256 values computed once
+    rates = np.arange(256, dtype=np.float64) / 255. * photons
+    out = legacy.poisson(rng, img, rates) / float(photons)
+    return to_uint8(out)
 
 
 def impulse_noise(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
@@ -228,14 +219,14 @@ def impulse_noise(img: np.ndarray, severity: int, rng: np.random.RandomState) ->
     draw = rng.random_sample(img.shape)
     out[draw < amount] = 0.0
     out[draw < amount / 2] = 1.0
-    return out * 255
+    return to_uint8(out)
 
 
 def speckle_noise(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
     scale = [.15, .2, 0.35, 0.45, 0.6][severity - 1]
     out = img / 255.
-    out = out + out * rng.normal(size=img.shape, scale=scale)
-    return np.clip(out, 0, 1, out=out) * 255
+    out = out + out * legacy.normal(rng, img.shape, scale=scale)
+    return to_uint8(out)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -244,7 +235,7 @@ def speckle_noise(img: np.ndarray, severity: int, rng: np.random.RandomState) ->
 
 def gaussian_blur(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
     sigma = [1, 2, 3, 4, 6][severity - 1]
-    return np.clip(gaussian(img / 255., sigma), 0, 1) * 255
+    return to_uint8(gaussian(img / 255., sigma))
 
 
 def glass_blur(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
@@ -258,20 +249,18 @@ def glass_blur(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np
     offsets = rng.randint(-max_delta, max_delta, size=(iterations * rows * cols, 2),
                           dtype=np.int32)
     _kernels.glass_shuffle(shuffled, offsets, max_delta, iterations)
-    return np.clip(gaussian(shuffled / 255., sigma), 0, 1) * 255
+    return to_uint8(gaussian(shuffled / 255., sigma))
 
 
 def defocus_blur(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
     radius, alias_blur = [(3, 0.1), (4, 0.5), (6, 0.5), (8, 0.5), (10, 0.5)][severity - 1]
-    out = cv2.filter2D(img / 255., -1, _disk_kernel(radius, alias_blur))
-    return np.clip(out, 0, 1, out=out) * 255
+    return to_uint8(cv2.filter2D(img / 255., -1, _disk_kernel(radius, alias_blur)))
 
 
 def motion_blur(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
     radius, sigma = [(10, 3), (15, 5), (15, 8), (15, 12), (20, 15)][severity - 1]
     angle = rng.uniform(-45, 45)
-    out = _motion_blur(img, radius=radius, sigma=sigma, angle=angle)
-    return np.clip(out, 0, 255, out=out)
+    return to_uint8(_motion_blur(img, radius=radius, sigma=sigma, angle=angle), 255, 1)
 
 
 def zoom_blur(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
@@ -290,8 +279,7 @@ def zoom_blur(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.
         out += cv2.warpAffine(src, _zoom_affine(height, width, factor), (width, height),
                               flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
                               borderMode=cv2.BORDER_REPLICATE)
-    out = (src + out) / (len(factors) + 1)
-    return np.clip(out, 0, 1, out=out) * 255
+    return to_uint8((src + out) / (len(factors) + 1))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -307,16 +295,13 @@ def snow(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarr
         (0.55, 0.3, 2.5, 0.85, 12, 12, 0.55)][severity - 1]
     height, width = img.shape[:2]
     x = np.array(img, dtype=np.float32) / 255.
-    flakes = rng.normal(size=(height, width), loc=loc, scale=scale)
-    flakes = _clipped_zoom_exact(flakes[..., None], zoom_factor)[..., 0]
-    flakes[flakes < threshold] = 0
-    flakes = np.clip(flakes, 0, 1)
+    flakes = legacy.normal(rng, (height, width), loc=loc, scale=scale)
+    flakes = np.ascontiguousarray(_clipped_zoom_exact(flakes[..., None], zoom_factor)[..., 0])
+    _kernels.threshold_clip(flakes, threshold)
     flakes = _motion_blur(flakes, radius=radius, sigma=sigma, angle=rng.uniform(-135, -45))
-    # NOTE: the reference quantises the snow layer to 8 bit before compositing
-    flakes = (np.round(flakes * 255).astype(np.uint8) / 255.)[:height, :width, None]
-    grey = cv2.cvtColor(x, cv2.COLOR_RGB2GRAY).reshape(height, width, 1)
-    x = blend * x + (1 - blend) * np.maximum(x, grey * 1.5 + 0.5)
-    return np.clip(x + flakes + np.rot90(flakes, k=2), 0, 1) * 255
+    # NOTE: the composite quantises the flake layer to 8 bit, as the reference does
+    grey = cv2.cvtColor(x, cv2.COLOR_RGB2GRAY)
+    return _kernels.snow_composite(x, grey, flakes[:height, :width], float(blend))
 
 
 def frost(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
@@ -329,17 +314,16 @@ def frost(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndar
     top = rng.randint(0, texture.shape[0] - height)
     left = rng.randint(0, texture.shape[1] - width)
     texture = texture[top:top + height, left:left + width][..., ::-1]  # BGR -> RGB
-    return np.clip(image_weight * img + frost_weight * texture, 0, 255)
+    return to_uint8(image_weight * img + frost_weight * texture, 255, 1)
 
 
 def fog(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
     strength, wibble_decay = [(1.5, 2), (2., 2), (2.5, 1.7), (2.5, 1.5), (3., 1.4)][severity - 1]
     height, width = img.shape[:2]
     mapsize = 1 << (max(height, width, 3) - 1).bit_length()
-    x = img / 255.
-    max_val = x.max()
-    x += strength * _plasma_fractal(rng, mapsize, wibble_decay)[:height, :width][..., None]
-    return np.clip(x * max_val / (max_val + strength), 0, 1) * 255
+    max_val = img.max() / 255.
+    return _kernels.fog(img, _plasma_fractal(rng, mapsize, wibble_decay), float(strength),
+                        max_val)
 
 
 def spatter(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
@@ -349,7 +333,7 @@ def spatter(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.nd
                                                     (0.65, 0.3, 1, 0.65, 1.5, 1),
                                                     (0.67, 0.4, 1, 0.65, 1.5, 1)][severity - 1]
     x = np.array(img, dtype=np.float32) / 255.
-    liquid = gaussian(rng.normal(size=img.shape[:2], loc=loc, scale=scale), sigma)
+    liquid = gaussian(legacy.normal(rng, img.shape[:2], loc=loc, scale=scale), sigma)
     liquid[liquid < threshold] = 0
     if not mud:
         # water: pale turquoise drops whose shading comes from the edge-distance of the mask
@@ -366,14 +350,14 @@ def spatter(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.nd
         # NOTE: the reference divides by the peak even when it is 0 (NaN image); keep zeros
         drops = (drops / peak if peak > 0 else drops)[..., None] * intensity
         colour = np.array([175 / 255., 238 / 255., 238 / 255.], dtype=np.float32)
-        return np.clip(x + drops * colour, 0, 1) * 255
+        return to_uint8(x + drops * colour)
     # mud: opaque brown blobs
     mask = np.where(liquid > threshold, 1, 0).astype(np.float32)
     mask = gaussian_filter(mask, sigma=intensity, mode='nearest', truncate=4.0)
     mask[mask < 0.8] = 0
     colour = np.array([63 / 255., 42 / 255., 20 / 255.]) * mask[..., None]
     x *= (1 - mask[..., None])
-    return np.clip(x + colour, 0, 1) * 255
+    return to_uint8(x + colour)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -382,19 +366,19 @@ def spatter(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.nd
 
 def brightness(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
     shift = [.1, .2, .3, .4, .5][severity - 1]
-    return _kernels.hsv_adjust(img / 255., shift, 1.0, 0.0) * 255
+    return to_uint8(_kernels.hsv_adjust(img / 255., shift, 1.0, 0.0))
 
 
 def saturate(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
     scale, shift = [(0.3, 0), (0.1, 0), (2, 0), (5, 0.1), (20, 0.2)][severity - 1]
-    return _kernels.hsv_adjust(img / 255., 0.0, float(scale), float(shift)) * 255
+    return to_uint8(_kernels.hsv_adjust(img / 255., 0.0, float(scale), float(shift)))
 
 
 def contrast(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
     factor = [0.4, .3, .2, .1, .05][severity - 1]
     x = img / 255.
-    means = np.mean(x, axis=(0, 1), keepdims=True)
-    return np.clip((x - means) * factor + means, 0, 1) * 255
+    means = np.mean(x, axis=(0, 1))  # NOTE: NumPy's reduction order, for identical rounding
+    return _kernels.contrast(x.reshape(-1, 3), means, float(factor)).reshape(img.shape)
 
 
 def elastic_transform(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
@@ -408,14 +392,20 @@ def elastic_transform(img: np.ndarray, severity: int, rng: np.random.RandomState
     sigma = np.array((height, width)) * 0.01
     alpha = [250 * 0.05, 250 * 0.065, 250 * 0.085, 250 * 0.1, 250 * 0.12][severity - 1]
     max_shift = height * 0.005  # NOTE: the reference bounds both axes by the height
-    dx = (gaussian(rng.uniform(-max_shift, max_shift, size=(height, width)), sigma,
-                   mode='reflect', truncate=3) * alpha).astype(np.float32)
-    dy = (gaussian(rng.uniform(-max_shift, max_shift, size=(height, width)), sigma,
-                   mode='reflect', truncate=3) * alpha).astype(np.float32)
+    fields = np.empty((height, width, 2), dtype=np.float32)
+    fields[..., 0] = rng.uniform(-max_shift, max_shift, size=(height, width))  # dx, then dy
+    fields[..., 1] = rng.uniform(-max_shift, max_shift, size=(height, width))
+    # NOTE: both fields smoothed in one float32 pass (the reference: float64, then cast to
+    # float32); the difference is ~1e-7 px
+    ksize = tuple(2 * int(3 * s + 0.5) + 1 for s in sigma[::-1])
+    fields = cv2.GaussianBlur(fields, ksize, sigmaX=sigma[1], sigmaY=sigma[0],
+                              borderType=cv2.BORDER_REFLECT)
+    fields *= np.float32(alpha)
     grid_y, grid_x = np.mgrid[0:height, 0:width].astype(np.float32)
-    out = cv2.remap(img.astype(np.float32) / 255., grid_x + dx, grid_y + dy,
-                    interpolation=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
-    return np.clip(out, 0, 1, out=out) * 255
+    out = cv2.remap(img.astype(np.float32) / 255., grid_x + fields[..., 0],
+                    grid_y + fields[..., 1], interpolation=cv2.INTER_LINEAR,
+                    borderMode=cv2.BORDER_REFLECT)
+    return to_uint8(out)
 
 
 def pixelate(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
