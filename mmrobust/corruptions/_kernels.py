@@ -5,6 +5,7 @@ NumPy / scikit-image) in the same order, so results are bit-identical; numba's d
 (non-fastmath) mode neither reorders nor fuses them.
 """
 import math
+from typing import Tuple
 
 import numba
 import numpy as np
@@ -136,8 +137,8 @@ _MT_M = 397
 
 
 @_jit
-def _mt_refill(key: np.ndarray, buf: np.ndarray, twist: bool) -> None:
-    """Advance the MT19937 key by one block (if ``twist``) and temper it into ``buf``."""
+def _mt_block(key: np.ndarray, buf: np.ndarray, twist: bool) -> None:
+    """Advance the MT19937 key by one block (if ``twist``) and temper it into ``buf[1:]``."""
     if twist:
         upper = np.uint32(0x80000000)
         lower = np.uint32(0x7fffffff)
@@ -158,7 +159,39 @@ def _mt_refill(key: np.ndarray, buf: np.ndarray, twist: bool) -> None:
         y ^= (y << np.uint32(7)) & np.uint32(0x9d2c5680)
         y ^= (y << np.uint32(15)) & np.uint32(0xefc60000)
         y ^= y >> np.uint32(18)
-        buf[i] = y
+        buf[i + 1] = y
+
+
+@_jit
+def _mt_start(key: np.ndarray, pos: int) -> Tuple[np.ndarray, int]:
+    """A stream buffer for the state (key, pos) and its read index.
+
+    ``buf[1 + i]`` holds the tempered output i of the current block; ``buf[0]`` carries the
+    last output of the previous block when a double straddles two blocks.
+    """
+    buf = np.empty(_MT_N + 1, dtype=np.uint32)
+    _mt_block(key, buf, False)
+    return buf, pos + 1
+
+
+@_jit
+def _mt_advance(key: np.ndarray, buf: np.ndarray, index: int) -> int:
+    """Called when fewer than two outputs are left: start the next block (keeping a leftover)."""
+    carry = buf[_MT_N]
+    _mt_block(key, buf, True)
+    if index == _MT_N:
+        buf[0] = carry
+        return 0
+    return 1
+
+
+# NOTE: each draw site below is written out (4 lines) rather than calling a helper: numba
+# reference-counts array arguments on every call, which made a helper per draw 5x slower than
+# NumPy's C. A draw is RandomState's 53-bit double from two outputs:
+#     if index >= _MT_N: index = _mt_advance(key, buf, index)
+#     u = ((buf[index] >> 5) * 67108864.0 + (buf[index + 1] >> 6)) / 9007199254740992.0
+#     index += 2
+# and the stream's position at the end is index - 1.
 
 
 @_jit
@@ -213,9 +246,7 @@ def legacy_poisson(key: np.ndarray, pos: np.ndarray, index: np.ndarray, table: n
             consts[j, 4] = 0.9277 - 3.6224 / (b - 2)
         elif lam_j > 0:
             consts[j, 5] = math.exp(-lam_j)
-    buf = np.empty(_MT_N, dtype=np.uint32)
-    _mt_refill(key, buf, False)
-    p = pos[0]
+    buf, p = _mt_start(key, pos[0])
     out = np.empty(index.shape[0], dtype=np.int64)
     for i in range(index.shape[0]):
         j = index[i]
@@ -227,30 +258,17 @@ def legacy_poisson(key: np.ndarray, pos: np.ndarray, index: np.ndarray, table: n
             invalpha = consts[j, 3]
             vr = consts[j, 4]
             while True:
-                # next double -> u
                 if p >= _MT_N:
-                    _mt_refill(key, buf, True)
-                    p = 0
-                hi = np.int64(buf[p] >> np.uint32(5))
-                p += 1
+                    p = _mt_advance(key, buf, p)
+                u = (np.int64(buf[p] >> np.uint32(5)) * 67108864.0 +
+                      np.int64(buf[p + 1] >> np.uint32(6))) / 9007199254740992.0
+                p += 2
+                u -= 0.5
                 if p >= _MT_N:
-                    _mt_refill(key, buf, True)
-                    p = 0
-                lo = np.int64(buf[p] >> np.uint32(6))
-                p += 1
-                u = (hi * 67108864.0 + lo) / 9007199254740992.0 - 0.5
-                # next double -> v
-                if p >= _MT_N:
-                    _mt_refill(key, buf, True)
-                    p = 0
-                hi = np.int64(buf[p] >> np.uint32(5))
-                p += 1
-                if p >= _MT_N:
-                    _mt_refill(key, buf, True)
-                    p = 0
-                lo = np.int64(buf[p] >> np.uint32(6))
-                p += 1
-                v = (hi * 67108864.0 + lo) / 9007199254740992.0
+                    p = _mt_advance(key, buf, p)
+                v = (np.int64(buf[p] >> np.uint32(5)) * 67108864.0 +
+                      np.int64(buf[p + 1] >> np.uint32(6))) / 9007199254740992.0
+                p += 2
                 us = 0.5 - abs(u)
                 k = math.floor((2 * a / us + b) * u + lam_i + 0.43)
                 if us >= 0.07 and v <= vr:
@@ -268,24 +286,18 @@ def legacy_poisson(key: np.ndarray, pos: np.ndarray, index: np.ndarray, table: n
             k = 0
             prod = 1.0
             while True:
-                # next double -> u
                 if p >= _MT_N:
-                    _mt_refill(key, buf, True)
-                    p = 0
-                hi = np.int64(buf[p] >> np.uint32(5))
-                p += 1
-                if p >= _MT_N:
-                    _mt_refill(key, buf, True)
-                    p = 0
-                lo = np.int64(buf[p] >> np.uint32(6))
-                p += 1
-                prod *= (hi * 67108864.0 + lo) / 9007199254740992.0
+                    p = _mt_advance(key, buf, p)
+                u = (np.int64(buf[p] >> np.uint32(5)) * 67108864.0 +
+                      np.int64(buf[p + 1] >> np.uint32(6))) / 9007199254740992.0
+                p += 2
+                prod *= u
                 if prod > enlam:
                     k += 1
                 else:
                     break
             out[i] = k
-    pos[0] = p
+    pos[0] = p - 1
     return out
 
 
@@ -296,9 +308,7 @@ def legacy_normal(key: np.ndarray, pos: np.ndarray, gauss: np.ndarray, count: in
 
     ``gauss`` = [has_gauss, cached value], updated in place like RandomState's state.
     """
-    buf = np.empty(_MT_N, dtype=np.uint32)
-    _mt_refill(key, buf, False)
-    p = pos[0]
+    buf, p = _mt_start(key, pos[0])
     has_gauss = gauss[0] != 0.0
     cached = gauss[1]
     out = np.empty(count, dtype=np.float64)
@@ -309,30 +319,18 @@ def legacy_normal(key: np.ndarray, pos: np.ndarray, gauss: np.ndarray, count: in
             cached = 0.0
         else:
             while True:
-                # next double -> x1
                 if p >= _MT_N:
-                    _mt_refill(key, buf, True)
-                    p = 0
-                hi = np.int64(buf[p] >> np.uint32(5))
-                p += 1
+                    p = _mt_advance(key, buf, p)
+                x1 = (np.int64(buf[p] >> np.uint32(5)) * 67108864.0 +
+                      np.int64(buf[p + 1] >> np.uint32(6))) / 9007199254740992.0
+                p += 2
+                x1 = 2.0 * x1 - 1.0
                 if p >= _MT_N:
-                    _mt_refill(key, buf, True)
-                    p = 0
-                lo = np.int64(buf[p] >> np.uint32(6))
-                p += 1
-                x1 = 2.0 * ((hi * 67108864.0 + lo) / 9007199254740992.0) - 1.0
-                # next double -> x2
-                if p >= _MT_N:
-                    _mt_refill(key, buf, True)
-                    p = 0
-                hi = np.int64(buf[p] >> np.uint32(5))
-                p += 1
-                if p >= _MT_N:
-                    _mt_refill(key, buf, True)
-                    p = 0
-                lo = np.int64(buf[p] >> np.uint32(6))
-                p += 1
-                x2 = 2.0 * ((hi * 67108864.0 + lo) / 9007199254740992.0) - 1.0
+                    p = _mt_advance(key, buf, p)
+                x2 = (np.int64(buf[p] >> np.uint32(5)) * 67108864.0 +
+                      np.int64(buf[p + 1] >> np.uint32(6))) / 9007199254740992.0
+                p += 2
+                x2 = 2.0 * x2 - 1.0
                 r2 = x1 * x1 + x2 * x2
                 if r2 < 1.0 and r2 != 0.0:
                     break
@@ -341,7 +339,7 @@ def legacy_normal(key: np.ndarray, pos: np.ndarray, gauss: np.ndarray, count: in
             cached = f * x1
             value = f * x2
         out[i] = loc + scale * value
-    pos[0] = p
+    pos[0] = p - 1
     gauss[0] = 1.0 if has_gauss else 0.0
     gauss[1] = cached
     return out
