@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Distributed testing with torchrun: NCCL on GPUs, gloo on CPU.
 #   bash tools/dist_test.sh CONFIG CHECKPOINT NPROC [test.py args ...]
+#   TOOL=test_robustness.py bash tools/dist_test.sh CONFIG CHECKPOINT NPROC --protocol benchmark
 set -euo pipefail
 CONFIG=$1
 CHECKPOINT=$2
@@ -10,6 +11,7 @@ NODE_RANK=${NODE_RANK:-0}
 PORT=${PORT:-29500}
 MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 PYTHON=${PYTHON:-python}
+TOOL=${TOOL:-test.py}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
@@ -19,4 +21,4 @@ exec "$PYTHON" -m torch.distributed.run \
     --master_addr="$MASTER_ADDR" \
     --nproc_per_node="$NPROC" \
     --master_port="$PORT" \
-    "$ROOT/tools/test.py" "$CONFIG" "$CHECKPOINT" --launcher pytorch "${@:4}"
+    "$ROOT/tools/$TOOL" "$CONFIG" "$CHECKPOINT" --launcher pytorch "${@:4}"

@@ -103,11 +103,12 @@ def read_image(path: Path) -> np.ndarray:
         raise SourceImageError(f'{type(err).__name__}: {err}') from None
 
 
-def encode_image(img: np.ndarray, suffix: str, jpeg_quality: int, png_compression: int) -> bytes:
-    """Encode an RGB(A)/grey array in the format of ``suffix``."""
+def encode_image(img: np.ndarray, suffix: str, jpeg_quality: int, png_compression: int,
+                 lossless: bool = False) -> bytes:
+    """Encode an RGB(A)/grey array in the format of ``suffix`` (PNG data if ``lossless``)."""
     if img.ndim == 3:
         img = cv2.cvtColor(img, cv2.COLOR_RGB2BGR if img.shape[2] == 3 else cv2.COLOR_RGBA2BGRA)
-    suffix = suffix.lower()
+    suffix = '.png' if lossless else suffix.lower()
     params: List[int] = []
     if suffix in ('.jpg', '.jpeg'):
         params = [cv2.IMWRITE_JPEG_QUALITY, jpeg_quality]
@@ -143,7 +144,8 @@ def _process(job: Tuple[str, List[Tuple[str, int]]]) -> Tuple[str, int, Optional
         out = corrupt(img, name, severity,
                       seed=derive_seed(opts['seed'], image_id, name, severity),
                       channel_order=opts['channel_order'])
-        data = encode_image(out, Path(rel).suffix, opts['jpeg_quality'], opts['png_compression'])
+        data = encode_image(out, Path(rel).suffix, opts['jpeg_quality'], opts['png_compression'],
+                            opts['lossless'])
         write_atomic(opts['out'] / name / str(severity) / rel, data)
     return rel, len(cells), None
 
@@ -195,12 +197,14 @@ def _versions() -> Dict[str, str]:
 def generate(src: Path, out: Path, protocol: Protocol, seed: int = 0, workers: int = 1,
              subdirs: Optional[Sequence[str]] = None, links: Optional[Sequence[str]] = None,
              copy_links: bool = False, channel_order: str = 'rgb', jpeg_quality: int = 95,
-             png_compression: int = 3, progress: bool = True, max_images: Optional[int] = None
-             ) -> Dict:
+             png_compression: int = 3, lossless: bool = False, progress: bool = True,
+             max_images: Optional[int] = None) -> Dict:
     """Corrupt ``src`` into ``out`` for every cell of ``protocol``; returns the manifest.
 
     ``channel_order='bgr'`` reproduces mmdet's historical COCO-C (corruptions applied to the BGR
-    array as if it were RGB).
+    array as if it were RGB). ``lossless`` stores PNG data under the original file names (so the
+    annotations stay valid; OpenCV and PIL decode by content), which makes evaluating the stored
+    set identical to corrupting on the fly.
     """
     src, out = Path(src), Path(out)
     dirs, link_list = detect_layout(src, subdirs, links)
@@ -225,7 +229,7 @@ def generate(src: Path, out: Path, protocol: Protocol, seed: int = 0, workers: i
             jobs.append((rel, missing))
     todo = sum(len(m) for _, m in jobs)
     opts = dict(src=src, out=out, seed=seed, channel_order=channel_order,
-                jpeg_quality=jpeg_quality, png_compression=png_compression)
+                jpeg_quality=jpeg_quality, png_compression=png_compression, lossless=lossless)
     failed: Dict[str, str] = {}
     written = 0
     start = time.time()
@@ -264,6 +268,7 @@ def generate(src: Path, out: Path, protocol: Protocol, seed: int = 0, workers: i
         'linked': link_list,
         'jpeg_quality': jpeg_quality,
         'png_compression': png_compression,
+        'lossless': lossless,
         'versions': _versions(),
         'counts': {'images': len(images), 'cells': len(cells),
                    'files_expected': len(images) * len(cells),
@@ -301,6 +306,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              'COCO-C (for comparison with published tables)')
     parser.add_argument('--jpeg-quality', type=int, default=95)
     parser.add_argument('--png-compression', type=int, default=3)
+    parser.add_argument('--lossless', action='store_true',
+                        help='store PNG data under the original names (exact; JPEG sources grow '
+                             'several times; decoders sniff the content)')
     parser.add_argument('--max-images', type=int, default=None, help='first N images only')
     parser.add_argument('--no-progress', action='store_true')
     return parser.parse_args(argv)
@@ -314,7 +322,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         copy_links=args.copy_links,
                         channel_order='bgr' if args.bgr_compat else 'rgb',
                         jpeg_quality=args.jpeg_quality, png_compression=args.png_compression,
-                        progress=not args.no_progress, max_images=args.max_images)
+                        lossless=args.lossless, progress=not args.no_progress,
+                        max_images=args.max_images)
     counts = manifest['counts']
     print(f"{manifest['protocol']}: {counts['files_present']}/{counts['files_expected']} files "
           f"in {args.out} ({counts['written_this_run']} written now, "

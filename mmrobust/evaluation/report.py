@@ -1,0 +1,198 @@
+"""Tables, CSV and plots of robustness results (mmrobust JSON or mmdet 3.3 ``*_results.pkl``)."""
+import csv
+import io
+import json
+import os
+import os.path as osp
+import pickle
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..corruptions import CORRUPTIONS, Protocol
+from ..corruptions.protocols import CLEAN, robustness_summary
+
+# metrics shown by default, in this order, when present
+MAIN_METRICS = ('bbox_mAP', 'segm_mAP', 'mIoU', 'AP', 'mAP')
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Unpickles dicts of numbers only (mmdet's results files), never arbitrary objects."""
+
+    ALLOWED = {('collections', 'OrderedDict'), ('numpy', 'dtype'),
+               ('numpy.core.multiarray', 'scalar'), ('numpy._core.multiarray', 'scalar')}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(
+                f'{module}.{name} is not allowed in a results file (only dicts of numbers are)')
+        return super().find_class(module, name)
+
+
+def _from_mmdet_pkl(data: Mapping) -> Dict:
+    """mmdet's ``{corruption: {severity: metrics}}`` (severity 0 = clean) as mmrobust cells."""
+    cells: Dict = {}
+    for corruption, by_severity in data.items():
+        for severity, metrics in by_severity.items():
+            scores = {k: float(v) for k, v in dict(metrics).items()
+                      if isinstance(v, (int, float)) or hasattr(v, '__float__')}
+            if int(severity) == 0:
+                cells.setdefault(CLEAN, {'0': scores})
+            elif corruption in CORRUPTIONS:
+                cells.setdefault(corruption, {})[str(int(severity))] = scores
+    return {'protocol': 'mmdet-results', 'cells': cells, 'source': 'mmdet test_robustness'}
+
+
+def load_results(path: str) -> Dict:
+    """A results dict (``cells`` etc.) from an mmrobust JSON or an mmdet ``_results.pkl``."""
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'Results file {path} does not exist.')
+    if path.endswith(('.pkl', '.pickle')):
+        with open(path, 'rb') as f:
+            data = _PlainUnpickler(io.BytesIO(f.read())).load()
+        return _from_mmdet_pkl(data)
+    with open(path) as f:
+        data = json.load(f)
+    if 'cells' not in data:
+        raise ValueError(f'{path} is not a robustness results file (no "cells").')
+    return data
+
+
+def _protocol_of(results: Mapping) -> Optional[Protocol]:
+    planned = results.get('cells_planned')
+    if not planned:
+        return None
+    return Protocol(results.get('protocol', 'custom'), '',
+                    {c: tuple(int(s) for s in sevs) for c, sevs in planned.items()})
+
+
+def summarize(results: Mapping) -> Dict:
+    return robustness_summary(results['cells'], _protocol_of(results))
+
+
+def main_metrics(summaries: Mapping[str, Dict]) -> List[str]:
+    """The headline metrics present (box/mask AP, mIoU), else every metric."""
+    names: List[str] = []
+    for summary in summaries.values():
+        names += [n for n in summary['metrics'] if n not in names]
+    chosen = [n for key in MAIN_METRICS for n in names if n.split('/')[-1] == key]
+    return chosen or names
+
+
+def _fmt(value: float, scale: float = 1.0) -> str:
+    return '—' if value != value else f'{value * scale:.3f}'
+
+
+def summary_markdown(results_by_label: Mapping[str, Mapping],
+                     metrics: Optional[Sequence[str]] = None) -> str:
+    """Markdown: P_clean / mPC / rPC per model and metric, then the per-corruption means."""
+    summaries = {label: summarize(r) for label, r in results_by_label.items()}
+    metrics = list(metrics) if metrics else main_metrics(summaries)
+    lines = ['| model | metric | P_clean | mPC | rPC % | cells |', '|---|---|---|---|---|---|']
+    for label, summary in summaries.items():
+        missing = len(summary['missing'])
+        cells = f"{summary['cells']}" + (f' ({missing} missing)' if missing else '')
+        for name in metrics:
+            m = summary['metrics'].get(name)
+            if m:
+                lines.append(f"| {label} | {name} | {_fmt(m['P_clean'])} | {_fmt(m['mPC'])} | "
+                             f"{_fmt(m['rPC'], 100)} | {cells} |")
+    for name in metrics:
+        corruptions = list(dict.fromkeys(
+            c for s in summaries.values() if name in s['metrics']
+            for c in s['metrics'][name]['per_corruption']))
+        if not corruptions:
+            continue
+        lines += ['', f'{name}, mean over severities:', '',
+                  '| corruption | ' + ' | '.join(summaries) + ' |',
+                  '|---|' + '---|' * len(summaries)]
+        for c in corruptions:
+            row = [_fmt(s['metrics'].get(name, {}).get('per_corruption', {}).get(c, float('nan')))
+                   for s in summaries.values()]
+            lines.append(f'| {c} | ' + ' | '.join(row) + ' |')
+        for cat in ('noise', 'blur', 'weather', 'digital'):
+            values = [s['metrics'].get(name, {}).get('per_category', {}).get(cat, float('nan'))
+                      for s in summaries.values()]
+            if any(v == v for v in values):
+                lines.append(f'| *{cat}* | ' + ' | '.join(_fmt(v) for v in values) + ' |')
+    return '\n'.join(lines)
+
+
+def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str) -> Tuple[str, str]:
+    """``cells.csv`` (every model, metric, corruption, severity) and ``summary.csv``."""
+    os.makedirs(out_dir, exist_ok=True)
+    cells_path, summary_path = osp.join(out_dir, 'cells.csv'), osp.join(out_dir, 'summary.csv')
+    with open(cells_path, 'w', newline='') as f:
+        writer = csv.writer(f)
+        writer.writerow(['model', 'corruption', 'category', 'severity', 'metric', 'value'])
+        for label, results in results_by_label.items():
+            for corruption, by_severity in results['cells'].items():
+                category = CORRUPTIONS[corruption].category if corruption in CORRUPTIONS else ''
+                for severity, scores in sorted(by_severity.items(), key=lambda kv: int(kv[0])):
+                    for metric, value in scores.items():
+                        writer.writerow([label, corruption, category, severity, metric, value])
+    with open(summary_path, 'w', newline='') as f:
+        writer = csv.writer(f)
+        writer.writerow(['model', 'metric', 'P_clean', 'mPC', 'rPC', 'cells', 'missing'])
+        for label, results in results_by_label.items():
+            summary = summarize(results)
+            for metric, m in summary['metrics'].items():
+                writer.writerow([label, metric, m['P_clean'], m['mPC'], m['rPC'],
+                                 summary['cells'], len(summary['missing'])])
+    return cells_path, summary_path
+
+
+def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
+         metrics: Optional[Sequence[str]] = None) -> List[str]:
+    """Per-corruption bars and per-severity curves, models side by side; returns the PNGs."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    os.makedirs(out_dir, exist_ok=True)
+    summaries = {label: summarize(r) for label, r in results_by_label.items()}
+    metrics = list(metrics) if metrics else main_metrics(summaries)
+    written = []
+    for name in metrics:
+        safe = name.replace('/', '_')
+        corruptions = list(dict.fromkeys(
+            c for s in summaries.values() if name in s['metrics']
+            for c in s['metrics'][name]['per_corruption']))
+        fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(corruptions) + 2), 4))
+        width = 0.8 / max(len(summaries), 1)
+        xs = np.arange(len(corruptions))
+        for i, (label, s) in enumerate(summaries.items()):
+            m = s['metrics'].get(name)
+            if not m:
+                continue
+            values = [m['per_corruption'].get(c, np.nan) for c in corruptions]
+            ax.bar(xs + (i - (len(summaries) - 1) / 2) * width, values, width,
+                   label=f"{label} (mPC {m['mPC']:.3f}, rPC {100 * m['rPC']:.1f}%)")
+            ax.axhline(m['P_clean'], color=f'C{i}', linestyle='--', linewidth=1)
+        ax.set_xticks(xs, corruptions, rotation=45, ha='right')
+        ax.set_ylabel(f'{name} (mean over severities)')
+        ax.set_title(f'{name} per corruption (dashed: clean)')
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = osp.join(out_dir, f'per_corruption_{safe}.png')
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+
+        fig, ax = plt.subplots(figsize=(5.5, 4))
+        for i, (label, s) in enumerate(summaries.items()):
+            m = s['metrics'].get(name)
+            if not m:
+                continue
+            severities = [0] + list(m['per_severity'])
+            values = [m['P_clean']] + list(m['per_severity'].values())
+            ax.plot(severities, values, marker='o', color=f'C{i}', label=label)
+        ax.set_xlabel('severity (0 = clean)')
+        ax.set_ylabel(f'{name} (mean over corruptions)')
+        ax.set_title(f'{name} per severity')
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = osp.join(out_dir, f'per_severity_{safe}.png')
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written

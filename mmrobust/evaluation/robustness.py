@@ -1,0 +1,224 @@
+"""Corruption-robustness evaluation of any mmdet / mmseg config: every cell, one model, resumable.
+
+``evaluate_robustness`` evaluates the clean test set and each (corruption, severity) cell of a
+protocol with a runner whose model and checkpoint are loaded once. A cell's images are corrupted
+on the fly (the ``Corrupt`` transform right after the image-loading step, in the dataloader
+workers) or read from a corrupted copy written by ``tools/make_corrupted.py``. After every cell
+the results file is rewritten atomically; a rerun with the same identity skips finished cells.
+"""
+import copy
+import datetime
+import hashlib
+import json
+import os
+import os.path as osp
+import time
+from typing import Dict, List, Optional
+
+from mmengine.config import Config, ConfigDict
+from mmengine.dist import barrier, get_dist_info
+
+from ..corruptions import CORRUPTIONS, Protocol
+from ..corruptions.protocols import CLEAN
+from ..version import __version__
+
+RESULTS_FORMAT = 'mmrobust-robustness/1'
+# the keys that must match for a results file to be resumed
+IDENTITY_KEYS = ('protocol', 'cells_planned', 'seed', 'bgr_compat', 'source', 'config_sha256',
+                 'checkpoint_sha256')
+
+
+class ResultsMismatchError(RuntimeError):
+    """A results file was written for another config, checkpoint, protocol or corruption source."""
+
+
+class PipelineError(ValueError):
+    """The test pipeline cannot be corrupted (no image-loading step)."""
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(1 << 20), b''):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def config_sha256(cfg: Config) -> str:
+    """Fingerprint of what a config evaluates: model, test data and evaluator."""
+    parts = {k: cfg.get(k) for k in ('model', 'test_dataloader', 'test_evaluator', 'test_cfg')}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------
+# pipelines and dataloaders per cell
+# ----------------------------------------------------------------------------------------------
+
+def _leaf_dataset(dataset: Dict) -> Dict:
+    while 'dataset' in dataset and isinstance(dataset['dataset'], dict):
+        dataset = dataset['dataset']
+    return dataset
+
+
+def find_loading_step(pipeline: List[Dict]) -> int:
+    """Index of the image-loading transform (``LoadImageFromFile`` and kin), found by type."""
+    for i, step in enumerate(pipeline):
+        kind = step.get('type', '') if isinstance(step, dict) else type(step).__name__
+        kind = kind if isinstance(kind, str) else getattr(kind, '__name__', '')
+        if kind.split('.')[-1].startswith('LoadImageFrom'):
+            return i
+    types = [s.get('type') if isinstance(s, dict) else type(s).__name__ for s in pipeline]
+    raise PipelineError(
+        f'The test pipeline has no image-loading step (LoadImageFromFile or similar), so there '
+        f'is no place to corrupt the images: {types}. Add one, or evaluate a stored corrupted '
+        'set with --corrupted-root.')
+
+
+def cell_dataloader(cfg: Config, corruption: Optional[str], severity: int, seed: int,
+                    bgr_compat: bool, corrupted_root: Optional[str]) -> ConfigDict:
+    """The test dataloader config of one cell (``corruption=None``: the clean set)."""
+    loader = copy.deepcopy(cfg.test_dataloader)
+    if corruption is None:
+        return loader
+    dataset = _leaf_dataset(loader['dataset'])
+    if corrupted_root:
+        dataset['data_root'] = osp.join(corrupted_root, corruption, str(severity))
+        if not osp.isdir(dataset['data_root']):
+            raise FileNotFoundError(
+                f'{dataset["data_root"]} does not exist: write the corrupted set with '
+                f'`python tools/make_corrupted.py SRC {corrupted_root} ...` for this protocol, '
+                'or drop --corrupted-root to corrupt on the fly.')
+        return loader
+    pipeline = list(dataset['pipeline'])
+    at = find_loading_step(pipeline)
+    pipeline.insert(at + 1, dict(type='Corrupt', corruption=corruption, severity=severity,
+                                 seed=seed, bgr_compat=bgr_compat))
+    dataset['pipeline'] = pipeline
+    return loader
+
+
+# ----------------------------------------------------------------------------------------------
+# the results file
+# ----------------------------------------------------------------------------------------------
+
+class RobustnessResults:
+    """The JSON results file: identity, cells and timings; atomic writes; resume checks."""
+
+    def __init__(self, path: str, identity: Dict) -> None:
+        self.path = path
+        self.data = {'format': RESULTS_FORMAT, **identity, 'cells': {}, 'timing': {}}
+        if osp.exists(path):
+            with open(path) as f:
+                old = json.load(f)
+            diff = [k for k in IDENTITY_KEYS if old.get(k) != identity.get(k)]
+            if old.get('format') != RESULTS_FORMAT or diff:
+                details = '; '.join(f'{k}: file has {old.get(k)!r}, this run {identity.get(k)!r}'
+                                    for k in diff) or 'unknown format'
+                raise ResultsMismatchError(
+                    f'{path} holds results of a different evaluation ({details}). Refusing to '
+                    'mix them: delete the file to start fresh, or pass --results with another '
+                    'path.')
+            self.data['cells'] = old.get('cells', {})
+            self.data['timing'] = old.get('timing', {})
+            self.data['created'] = old.get('created')
+
+    def done(self, corruption: str, severity: int) -> bool:
+        return str(severity) in self.data['cells'].get(corruption, {})
+
+    def record(self, corruption: str, severity: int, metrics: Dict, timing: Dict) -> None:
+        self.data['cells'].setdefault(corruption, {})[str(severity)] = metrics
+        self.data['timing'].setdefault(corruption, {})[str(severity)] = timing
+        self.save()
+
+    def save(self) -> None:
+        now = datetime.datetime.now().isoformat(timespec='seconds')
+        self.data.setdefault('created', now)
+        self.data['created'] = self.data['created'] or now
+        self.data['updated'] = now
+        os.makedirs(osp.dirname(osp.abspath(self.path)), exist_ok=True)
+        tmp = f'{self.path}.tmp-{os.getpid()}'
+        with open(tmp, 'w') as f:
+            json.dump(self.data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+
+def _numeric(metrics: Dict) -> Dict[str, float]:
+    out = {}
+    for key, value in metrics.items():
+        try:
+            out[key] = float(value)
+        except (TypeError, ValueError):
+            continue  # NOTE: e.g. mmdet's per-class tables; P/mPC/rPC need scalars
+    return out
+
+
+def _loading_share(runner, iterations: int) -> Dict[str, float]:
+    """Seconds the test loop waited for data vs. its total, from mmengine's IterTimerHook."""
+    hub = runner.message_hub
+    try:
+        waits = hub.get_scalar('test/data_time').data[0][-iterations:]
+        totals = hub.get_scalar('test/time').data[0][-iterations:]
+    except KeyError:
+        return {}
+    return {'data_wait_s': round(float(waits.sum()), 3), 'iter_s': round(float(totals.sum()), 3)}
+
+
+def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: str, seed: int = 0,
+                        bgr_compat: bool = False, corrupted_root: Optional[str] = None,
+                        checkpoint: str = '', save_predictions: Optional[str] = None,
+                        progress: bool = True) -> Dict:
+    """Evaluate the clean set and every cell of ``protocol``; returns the results dict.
+
+    ``runner`` has its model built and its checkpoint loaded already (once for all cells).
+    """
+    from mmengine.runner import TestLoop
+    from tqdm import tqdm
+
+    for name in protocol.corruptions:
+        if name not in CORRUPTIONS:
+            raise KeyError(name)
+    if corrupted_root is None:
+        find_loading_step(list(_leaf_dataset(cfg.test_dataloader['dataset'])['pipeline']))
+    rank, _ = get_dist_info()
+    identity = {
+        'protocol': protocol.name,
+        'cells_planned': {c: list(s) for c, s in protocol.severities.items()},
+        'seed': seed, 'bgr_compat': bgr_compat,
+        'source': 'stored' if corrupted_root else 'on-the-fly',
+        'corrupted_root': corrupted_root,
+        'config': cfg.filename, 'config_sha256': config_sha256(cfg),
+        'checkpoint': checkpoint,
+        'checkpoint_sha256': file_sha256(checkpoint) if checkpoint else None,
+        'scope': cfg.get('default_scope'), 'mmrobust': __version__,
+    }
+    results = RobustnessResults(results_path, identity)
+    todo = [(CLEAN, 0)] + protocol.cells()
+    todo = [(c, s) for c, s in todo if not results.done(c, s)]
+    barrier()
+
+    bar = tqdm(total=len(todo), unit='cell', disable=not progress or rank != 0,
+               desc=f'{protocol.name}', dynamic_ncols=True)
+    for corruption, severity in todo:
+        bar.set_postfix_str(f'{corruption} {severity}' if severity else corruption)
+        loader = cell_dataloader(cfg, None if corruption == CLEAN else corruption, severity,
+                                 seed, bgr_compat, corrupted_root)
+        evaluator = copy.deepcopy(cfg.test_evaluator)
+        if save_predictions:
+            evaluator = list(evaluator) if isinstance(evaluator, (list, tuple)) else [evaluator]
+            evaluator.append(dict(type='DumpResults', out_file_path=osp.join(
+                save_predictions, f'{corruption}_{severity}.pkl')))
+        start = time.perf_counter()
+        loop = TestLoop(runner, loader, evaluator)
+        metrics = loop.run()
+        timing = {'wall_s': round(time.perf_counter() - start, 3),
+                  **_loading_share(runner, len(loop.dataloader))}
+        if rank == 0:
+            results.record(corruption, severity, _numeric(metrics), timing)
+        bar.update(1)
+    bar.close()
+    barrier()
+    if rank == 0 and not todo:
+        results.save()
+    return results.data

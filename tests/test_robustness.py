@@ -1,0 +1,255 @@
+"""Robustness evaluation: the mPC/rPC maths, tools/test_robustness.py and the report."""
+import copy
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from mmengine.config import Config
+
+from mmrobust.corruptions import get_protocol, resolve_protocol
+from mmrobust.corruptions.protocols import robustness_summary
+from mmrobust.evaluation import (PipelineError, ResultsMismatchError, RobustnessResults,
+                                 cell_dataloader, find_loading_step)
+from mmrobust.evaluation.report import load_results, summary_markdown
+
+from conftest import REPO, run_cmd, run_tool
+
+DET_CFG = 'configs/toy/mask-rcnn_r18_fpn_toy-coco.py'
+SEG_CFG = 'configs/toy/segformer_mit-b0_toy-cityscapes.py'
+# a small protocol: 2 corruptions x 2 severities + clean
+CELLS = ['--corruptions', 'gaussian_noise', 'fog', '--severities', '1', '4']
+NO_WORKERS = ['--cfg-options', 'test_dataloader.num_workers=1',
+              'test_dataloader.persistent_workers=False']
+# Faster R-CNN R50-FPN 1x on COCO-C (Michaelis et al. 2019): box AP per corruption, mean of 1-5
+FASTER_RCNN = dict(zip(get_protocol('benchmark').corruptions,
+                       [17.1, 17.0, 13.9, 17.4, 11.0, 15.8, 7.6, 17.5, 21.9, 30.4, 32.2, 22.6, 20.8,
+                        13.5, 14.6]))
+
+
+def test_mpc_rpc_by_hand():
+    cells = {'clean': {0: {'mIoU': 0.8, 'aAcc': 0.9}},
+             'gaussian_noise': {1: {'mIoU': 0.6}, 2: {'mIoU': 0.4}},
+             'fog': {'1': {'mIoU': 0.7, 'aAcc': 0.8}, '3': {'mIoU': 0.5, 'aAcc': 0.6}}}
+    protocol = resolve_protocol(None, ['gaussian_noise', 'fog', 'snow'], [1, 2, 3])
+    summary = robustness_summary(cells, protocol)
+    miou = summary['metrics']['mIoU']
+    assert miou['P_clean'] == 0.8
+    assert miou['mPC'] == pytest.approx((0.6 + 0.4 + 0.7 + 0.5) / 4)
+    assert miou['rPC'] == pytest.approx(0.55 / 0.8)
+    assert miou['per_corruption'] == pytest.approx({'gaussian_noise': 0.5, 'fog': 0.6})
+    assert miou['per_category'] == pytest.approx({'noise': 0.5, 'weather': 0.6})
+    assert miou['per_severity'] == pytest.approx({1: 0.65, 2: 0.4, 3: 0.5})
+    assert summary['metrics']['aAcc']['mPC'] == pytest.approx(0.7)
+    assert summary['cells'] == 4
+    assert sorted(summary['missing']) == [('fog', 2), ('gaussian_noise', 3), ('snow', 1),
+                                          ('snow', 2), ('snow', 3)]
+
+
+def test_published_faster_rcnn_table():
+    """The 15 published per-corruption means average to mPC 18.2 = 50.2% of P_clean 36.3 (the
+    paper's 50.1% comes from its unrounded cells)."""
+    protocol = get_protocol('benchmark')
+    cells = {'clean': {0: {'bbox_mAP': 36.3}}}
+    for corruption, mean in FASTER_RCNN.items():
+        # severities spread around the published mean, so only the mean over 1..5 is fixed
+        cells[corruption] = {s: {'bbox_mAP': mean + (3 - s) * 1.5} for s in range(1, 6)}
+    m = robustness_summary(cells, protocol)['metrics']['bbox_mAP']
+    assert m['mPC'] == pytest.approx(18.22)
+    assert round(m['mPC'], 1) == 18.2 and round(100 * m['rPC'], 1) == 50.2
+    assert m['per_corruption'] == pytest.approx(FASTER_RCNN)
+    assert m['per_category']['noise'] == pytest.approx((17.1 + 17.0 + 13.9) / 3)
+
+
+def test_corrupt_step_goes_after_loading_found_by_type():
+    cfg = Config.fromfile(str(REPO / DET_CFG))
+    pipeline = [dict(type='mmdet.LoadAnnotations'), dict(type='mmdet.LoadImageFromFile'),
+                dict(type='Resize', scale=(8, 8))]
+    cfg.test_dataloader.dataset.pipeline = pipeline
+    assert find_loading_step(pipeline) == 1
+    loader = cell_dataloader(cfg, 'fog', 3, seed=5, bgr_compat=True, corrupted_root=None)
+    assert [t['type'] for t in loader.dataset.pipeline] == [
+        'mmdet.LoadAnnotations', 'mmdet.LoadImageFromFile', 'Corrupt', 'Resize']
+    assert loader.dataset.pipeline[2] == dict(type='Corrupt', corruption='fog', severity=3,
+                                              seed=5, bgr_compat=True)
+    assert cfg.test_dataloader.dataset.pipeline == pipeline  # the config is left alone
+    assert cell_dataloader(cfg, None, 0, 0, False, None) == cfg.test_dataloader
+    with pytest.raises(PipelineError, match='no image-loading step'):
+        find_loading_step([dict(type='Resize'), dict(type='PackDetInputs')])
+    with pytest.raises(FileNotFoundError, match='make_corrupted.py'):
+        cell_dataloader(cfg, 'fog', 3, 0, False, '/nonexistent-root')
+
+
+def test_results_file_refuses_another_evaluation(tmp_path):
+    identity = {'protocol': 'benchmark', 'cells_planned': {'fog': [1]}, 'seed': 0,
+                'bgr_compat': False, 'source': 'on-the-fly', 'config_sha256': 'a',
+                'checkpoint_sha256': 'b'}
+    results = RobustnessResults(str(tmp_path / 'r.json'), identity)
+    results.record('fog', 1, {'mIoU': 0.5}, {})
+    assert RobustnessResults(str(tmp_path / 'r.json'), identity).done('fog', 1)
+    for key, value in (('seed', 1), ('checkpoint_sha256', 'c'), ('protocol', 'all')):
+        with pytest.raises(ResultsMismatchError, match=f'{key}.*delete the file'):
+            RobustnessResults(str(tmp_path / 'r.json'), {**identity, key: value})
+    assert not list(tmp_path.glob('*.tmp-*'))
+
+
+def _init_checkpoint(config: str, path: Path) -> Path:
+    """A checkpoint of the config's freshly initialised model (no training needed)."""
+    import mmrobust  # noqa: F401
+    from mmengine.registry import init_default_scope
+    cfg = Config.fromfile(str(REPO / config))
+    init_default_scope(cfg.default_scope)
+    registry = __import__(f'{cfg.default_scope}.registry', fromlist=['MODELS'])
+    torch.manual_seed(0)
+    model = registry.MODELS.build(cfg.model)
+    model.init_weights()
+    torch.save({'state_dict': model.state_dict(), 'meta': {}}, path)
+    return path
+
+
+def _cells(path: Path) -> dict:
+    return json.loads(path.read_text())['cells']
+
+
+def _same_predictions(a: Path, b: Path) -> bool:
+    """Two DumpResults files hold the same predictions (paths to the images differ)."""
+    with open(a, 'rb') as fa, open(b, 'rb') as fb:
+        left, right = pickle.load(fa), pickle.load(fb)  # NOTE: files this test just wrote
+    assert len(left) == len(right) > 0
+    for x, y in zip(left, right):
+        assert Path(x['img_path']).name == Path(y['img_path']).name
+        for key in ('pred_instances', 'pred_sem_seg'):
+            if key in x:
+                for field, value in x[key].items():
+                    assert np.array_equal(np.asarray(value), np.asarray(y[key][field])), field
+    return True
+
+
+def test_detector_on_the_fly_stored_resume_and_report(toy_data, trained_toy_detector, tmp_path):
+    ckpt = trained_toy_detector / 'iter_300.pth'
+    fly = tmp_path / 'fly.json'
+    proc = run_tool('test_robustness.py', DET_CFG, ckpt, *CELLS, '--results', fly,
+                    '--work-dir', tmp_path / 'w1', '--save-predictions', tmp_path / 'pred_fly',
+                    *NO_WORKERS)
+    assert 'P_clean' in proc.stdout and 'coco/segm_mAP' in proc.stdout
+    data = json.loads(fly.read_text())
+    assert data['protocol'] == 'custom' and data['source'] == 'on-the-fly'
+    assert sorted(data['cells']) == ['clean', 'fog', 'gaussian_noise']
+    for corruption in ('fog', 'gaussian_noise'):
+        assert sorted(data['cells'][corruption]) == ['1', '4']
+    clean = data['cells']['clean']['0']
+    assert clean['coco/bbox_mAP'] > 0.08 and clean['coco/segm_mAP'] > 0.08
+    assert data['cells']['fog']['4']['coco/bbox_mAP'] < clean['coco/bbox_mAP']
+    assert data['timing']['fog']['4']['data_wait_s'] >= 0
+    assert sorted(p.name for p in (tmp_path / 'pred_fly').iterdir()) == [
+        'clean_0.pkl', 'fog_1.pkl', 'fog_4.pkl', 'gaussian_noise_1.pkl', 'gaussian_noise_4.pkl']
+
+    # stored: the same cells written by make_corrupted.py (lossless) give the same numbers
+    run_tool('make_corrupted.py', toy_data['toy_coco'], tmp_path / 'coco-c', *CELLS,
+             '--lossless', '--workers', '2', '--no-progress')
+    stored = tmp_path / 'stored.json'
+    run_tool('test_robustness.py', DET_CFG, ckpt, *CELLS, '--results', stored, '--work-dir',
+             tmp_path / 'w2', '--corrupted-root', tmp_path / 'coco-c', '--save-predictions',
+             tmp_path / 'pred_stored', *NO_WORKERS)
+    assert _cells(stored) == _cells(fly)
+    assert _same_predictions(tmp_path / 'pred_fly' / 'fog_4.pkl',
+                             tmp_path / 'pred_stored' / 'fog_4.pkl')
+
+    # resume: drop two finished cells as if the run had been interrupted; only they are redone
+    interrupted = json.loads(fly.read_text())
+    del interrupted['cells']['fog']['4'], interrupted['cells']['gaussian_noise']
+    kept_timing = copy.deepcopy(interrupted['timing'])
+    del kept_timing['fog']['4'], kept_timing['gaussian_noise']
+    fly.write_text(json.dumps(interrupted))
+    proc = run_tool('test_robustness.py', DET_CFG, ckpt, *CELLS, '--results', fly,
+                    '--work-dir', tmp_path / 'w3', *NO_WORKERS)
+    assert '3/3' in proc.stderr  # the progress bar counted the 3 missing cells only
+    resumed = json.loads(fly.read_text())
+    assert resumed['cells'] == data['cells']
+    for corruption, by_severity in kept_timing.items():
+        for severity, timing in by_severity.items():
+            assert resumed['timing'][corruption][severity] == timing  # not recomputed
+
+    # another seed is another corrupted set: refused, not mixed in
+    proc = run_tool('test_robustness.py', DET_CFG, ckpt, *CELLS, '--results', fly, '--seed',
+                    '1', '--work-dir', tmp_path / 'w4', *NO_WORKERS, check=False)
+    assert proc.returncode != 0 and 'delete the file to start fresh' in proc.stderr
+
+    # report: table, CSV and plots, two "models" side by side
+    out = tmp_path / 'report'
+    proc = run_tool('robustness_report.py', fly, stored, '--labels', 'on-the-fly', 'stored',
+                    '--out-dir', out)
+    assert '| on-the-fly | coco/bbox_mAP |' in proc.stdout and 'rPC %' in proc.stdout
+    assert {p.name for p in out.iterdir()} == {
+        'cells.csv', 'summary.csv', 'per_corruption_coco_bbox_mAP.png',
+        'per_severity_coco_bbox_mAP.png', 'per_corruption_coco_segm_mAP.png',
+        'per_severity_coco_segm_mAP.png'}
+    rows = (out / 'cells.csv').read_text().splitlines()
+    assert len(rows) == 1 + 2 * 5 * 12  # models x cells x the 12 COCO box/mask metrics
+
+
+def test_segmentor_on_the_fly_equals_stored(toy_data, tmp_path):
+    ckpt = _init_checkpoint(SEG_CFG, tmp_path / 'seg.pth')
+    cells = ['--corruptions', 'speckle_noise', 'snow', '--severities', '2']
+    fly, stored = tmp_path / 'fly.json', tmp_path / 'stored.json'
+    run_tool('test_robustness.py', SEG_CFG, ckpt, *cells, '--results', fly, '--work-dir',
+             tmp_path / 'w1', '--save-predictions', tmp_path / 'p1', *NO_WORKERS)
+    run_tool('make_corrupted.py', toy_data['toy_cityscapes'], tmp_path / 'cs-c', *cells,
+             '--workers', '2', '--no-progress')
+    run_tool('test_robustness.py', SEG_CFG, ckpt, *cells, '--results', stored, '--work-dir',
+             tmp_path / 'w2', '--corrupted-root', tmp_path / 'cs-c', '--save-predictions',
+             tmp_path / 'p2', *NO_WORKERS)
+    assert _cells(fly) == _cells(stored)
+    assert set(_cells(fly)['snow']['2']) >= {'mIoU', 'mAcc', 'aAcc'}
+    assert _same_predictions(tmp_path / 'p1' / 'snow_2.pkl', tmp_path / 'p2' / 'snow_2.pkl')
+    assert 'mIoU' in summary_markdown({'seg': load_results(str(fly))})
+
+
+def test_two_processes_match_one(toy_data, trained_toy_detector, tmp_path):
+    """--launcher pytorch (2 CPU processes) gives the numbers of a single process."""
+    ckpt = trained_toy_detector / 'iter_300.pth'
+    cells = ['--corruptions', 'contrast', '--severities', '5']
+    single = tmp_path / 'one.json'
+    run_tool('test_robustness.py', DET_CFG, ckpt, *cells, '--results', single, '--work-dir',
+             tmp_path / 'w1', *NO_WORKERS)
+    double = tmp_path / 'two.json'
+    run_cmd(['bash', REPO / 'tools/dist_test.sh', DET_CFG, ckpt, '2', *cells, '--results',
+             double, '--work-dir', tmp_path / 'w2', *NO_WORKERS],
+            env={'TOOL': 'test_robustness.py', 'PORT': str(29500 + np.random.randint(1000))})
+    assert _cells(double) == _cells(single)
+
+
+def test_mmdet_results_pickle_is_read_safely(tmp_path):
+    """mmdet 3.3's own `*_results.pkl` ({corruption: {severity: metrics}}, 0 = clean)."""
+    data = {'gaussian_noise': {0: {'coco/bbox_mAP': np.float64(0.4)},
+                               1: {'coco/bbox_mAP': np.float64(0.3)}},
+            'fog': {0: {'coco/bbox_mAP': np.float64(0.4)}, 1: {'coco/bbox_mAP': 0.35}}}
+    path = tmp_path / 'old_results.pkl'
+    path.write_bytes(pickle.dumps(data))
+    results = load_results(str(path))
+    assert results['cells']['clean'] == {'0': {'coco/bbox_mAP': 0.4}}
+    m = robustness_summary(results['cells'])['metrics']['coco/bbox_mAP']
+    assert m['mPC'] == pytest.approx(0.325) and m['rPC'] == pytest.approx(0.8125)
+    proc = run_tool('robustness_report.py', path, '--out-dir', tmp_path / 'rep')
+    assert '| old_results | coco/bbox_mAP | 0.400 | 0.325 | 81.250 |' in proc.stdout
+
+    class Payload:
+        def __reduce__(self):
+            return (print, ('pwned', ))
+    evil = tmp_path / 'evil_results.pkl'
+    evil.write_bytes(pickle.dumps({'fog': {0: Payload()}}))
+    with pytest.raises(pickle.UnpicklingError, match='builtins.print is not allowed'):
+        load_results(str(evil))
+
+
+def test_errors_name_the_valid_choices(tmp_path):
+    proc = run_tool('test_robustness.py', DET_CFG, tmp_path / 'x.pth', '--corruptions',
+                    'blurry', check=False)
+    assert proc.returncode != 0 and 'Valid corruptions: gaussian_noise' in proc.stderr
+    proc = run_tool('test_robustness.py', DET_CFG, tmp_path / 'x.pth', '--protocol', 'coco-c',
+                    check=False)
+    assert proc.returncode != 0 and 'Valid protocols: benchmark' in proc.stderr
+    proc = run_tool('test_robustness.py', DET_CFG, tmp_path / 'x.pth', check=False)
+    assert proc.returncode != 0 and 'does not exist' in proc.stderr

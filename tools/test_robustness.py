@@ -1,0 +1,82 @@
+"""Corruption robustness of a detector or segmentor: P_clean, mPC and rPC over a protocol.
+
+    python tools/test_robustness.py CONFIG CKPT --protocol benchmark          # COCO-C, on the fly
+    python tools/test_robustness.py CONFIG CKPT --protocol cityscapes_c \\
+        --corrupted-root data/cityscapes-c                                     # stored set
+    python tools/test_robustness.py CONFIG CKPT --corruptions fog snow --severities 3 5
+    TOOL=test_robustness.py bash tools/dist_test.sh CONFIG CKPT 8 --protocol benchmark
+
+The model is built and the checkpoint loaded once. After every cell the results JSON
+(default: WORK_DIR/robustness_<protocol>.json) is rewritten atomically, and rerunning the same
+command resumes. Tables and plots: tools/robustness_report.py RESULTS.json.
+"""
+import argparse
+import os
+import os.path as osp
+
+from mmengine.config import Config, DictAction
+
+from mmrobust.apis import apply_common_args, apply_test_args, build_runner
+from mmrobust.corruptions import resolve_protocol
+from mmrobust.evaluation import evaluate_robustness
+from mmrobust.evaluation.report import summary_markdown
+from mmrobust.utils import explain_registry_errors
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split('\n')[0], epilog=__doc__.split('\n\n', 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('config')
+    parser.add_argument('checkpoint')
+    parser.add_argument('--protocol', default=None,
+                        help='benchmark (default), cityscapes_c, fan_coco_c or all')
+    parser.add_argument('--corruptions', nargs='+', default=None,
+                        help='corruptions or categories (restricts --protocol if given)')
+    parser.add_argument('--severities', nargs='+', type=int, default=None)
+    parser.add_argument('--seed', type=int, default=0, help='seed of the corrupted set')
+    parser.add_argument('--corrupted-root', default=None,
+                        help='read cells from OUT/<corruption>/<severity>/ of make_corrupted.py')
+    parser.add_argument('--bgr-compat', action='store_true',
+                        help="corrupt mmcv's BGR arrays as if they were RGB (mmdet's historical "
+                             'COCO-C; for comparison with published tables)')
+    parser.add_argument('--results', default=None, help='results JSON (resumed if it exists)')
+    parser.add_argument('--save-predictions', default=None, metavar='DIR',
+                        help='also dump raw predictions, one DIR/<corruption>_<severity>.pkl '
+                             'per cell')
+    parser.add_argument('--work-dir', help='logs and the default results file go here')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config settings, key=value')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args()
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    protocol = resolve_protocol(args.protocol, args.corruptions, args.severities)
+    cfg = Config.fromfile(args.config)
+    cfg = apply_common_args(cfg, args.config, args.launcher, args.work_dir, args.cfg_options)
+    cfg = apply_test_args(cfg, args.checkpoint, None, False, None, 0, False)
+    results_path = args.results or osp.join(cfg.work_dir,
+                                            f'robustness_{protocol.name.replace(":", "_")}.json')
+    runner = build_runner(cfg, ('test_dataloader',))
+    with explain_registry_errors():
+        runner.call_hook('before_run')
+        runner.load_or_resume()  # the checkpoint, once for all cells
+        results = evaluate_robustness(
+            runner, cfg, protocol, results_path, seed=args.seed, bgr_compat=args.bgr_compat,
+            corrupted_root=args.corrupted_root, checkpoint=args.checkpoint,
+            save_predictions=args.save_predictions)
+        runner.call_hook('after_run')
+    if runner.rank == 0:
+        print(summary_markdown({osp.basename(args.config): results}))
+        print(f'\nresults: {results_path}\nreport and plots: python tools/robustness_report.py '
+              f'{results_path} --out-dir DIR')
+
+
+if __name__ == '__main__':
+    main()
