@@ -40,6 +40,10 @@ class ScopedRegistries:
 
         return _register(module) if module is not None else _register
 
+    def build(self, cfg: dict) -> Any:
+        """Build a module registered here (from the current scope's registry)."""
+        return self.registries[0].build(cfg)
+
     def __repr__(self) -> str:
         return f'ScopedRegistries({self.name}: {sorted(self.modules)})'
 

@@ -200,3 +200,12 @@ def test_legacy_streams_equal_randomstate(seed):
     assert legacy.normal(ours, 1)[0] == ref.normal()
     with pytest.raises(ValueError, match='rates'):
         legacy.poisson(ours, index, -np.ones(256))
+
+
+@pytest.mark.parametrize('name', list(CORRUPTIONS))
+def test_output_is_a_writable_new_array(name):
+    img = np.ascontiguousarray(photo('chelsea', name)[:64, :80])
+    before = img.copy()
+    out = corrupt(img, name, 2, seed=0)
+    assert out.flags.writeable and out.flags.c_contiguous and not np.shares_memory(out, img)
+    assert np.array_equal(img, before), 'the input was modified'

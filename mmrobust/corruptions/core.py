@@ -77,7 +77,7 @@ def corrupt(img: np.ndarray, name: str, severity: int, seed: SeedLike = None,
         rgb = np.ascontiguousarray(rgb)
 
     out = info.fn(rgb, int(severity), _rng(seed))
-    out = np.ascontiguousarray(out).astype(np.uint8)  # truncation, as the reference's np.uint8
+    out = np.ascontiguousarray(out, dtype=np.uint8)
 
     if channels == 1:
         return cv2.cvtColor(out, cv2.COLOR_RGB2GRAY).reshape(img.shape)

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 from mmengine.config import Config, ConfigDict
 from mmengine.dist import barrier, get_dist_info
 
-from ..corruptions import CORRUPTIONS, Protocol
+from ..corruptions import Protocol
 from ..corruptions.protocols import CLEAN
 from ..version import __version__
 
@@ -44,9 +44,16 @@ def file_sha256(path: str) -> str:
     return digest.hexdigest()
 
 
+# dataloader settings that do not change what is evaluated (a resumed run may change them)
+_LOADER_RUNTIME_KEYS = ('num_workers', 'persistent_workers', 'pin_memory', 'prefetch_factor')
+
+
 def config_sha256(cfg: Config) -> str:
     """Fingerprint of what a config evaluates: model, test data and evaluator."""
-    parts = {k: cfg.get(k) for k in ('model', 'test_dataloader', 'test_evaluator', 'test_cfg')}
+    loader = {k: v for k, v in dict(cfg.get('test_dataloader') or {}).items()
+              if k not in _LOADER_RUNTIME_KEYS}
+    parts = {'test_dataloader': loader,
+             **{k: cfg.get(k) for k in ('model', 'test_evaluator', 'test_cfg')}}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -132,8 +139,8 @@ class RobustnessResults:
 
     def save(self) -> None:
         now = datetime.datetime.now().isoformat(timespec='seconds')
-        self.data.setdefault('created', now)
-        self.data['created'] = self.data['created'] or now
+        if not self.data.get('created'):
+            self.data['created'] = now
         self.data['updated'] = now
         os.makedirs(osp.dirname(osp.abspath(self.path)), exist_ok=True)
         tmp = f'{self.path}.tmp-{os.getpid()}'
@@ -176,9 +183,6 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     from mmengine.runner import TestLoop
     from tqdm import tqdm
 
-    for name in protocol.corruptions:
-        if name not in CORRUPTIONS:
-            raise KeyError(name)
     if corrupted_root is None:
         find_loading_step(list(_leaf_dataset(cfg.test_dataloader['dataset'])['pipeline']))
     rank, _ = get_dist_info()

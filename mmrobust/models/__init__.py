@@ -1,4 +1,5 @@
-from . import backbones, layers  # noqa: F401  (registers the models)
-from .backbones import FANHybrid, FANSwin
+from . import backbones, layers, tokenizers  # noqa: F401  (registers the models)
+from .backbones import DrViT, FANHybrid, FANSwin
+from .tokenizers import VQGAN
 
-__all__ = ['FANHybrid', 'FANSwin']
+__all__ = ['DrViT', 'FANHybrid', 'FANSwin', 'VQGAN']

@@ -1,5 +1,6 @@
-from . import fan, fan_swin
+from . import drvit, fan, fan_swin
+from .drvit import DrViT
 from .fan import FANHybrid
 from .fan_swin import FANSwin
 
-__all__ = ['FANHybrid', 'FANSwin', 'fan', 'fan_swin']
+__all__ = ['DrViT', 'FANHybrid', 'FANSwin', 'drvit', 'fan', 'fan_swin']

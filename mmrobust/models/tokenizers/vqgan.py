@@ -1,0 +1,389 @@
+"""VQGAN tokenizer (Esser et al., "Taming Transformers for High-Resolution Image Synthesis", 2021).
+
+https://arxiv.org/abs/2012.09841 -- the discretizer of Dr-ViT and of Discrete Adversarial
+Training. Compatible with the released taming-transformers checkpoints (f16 with 1024 or 16384
+codes, the latent-diffusion f8 with 16384 codes) and with small tokenizers trained by
+``tools/train_vq.py``.
+
+Images go in as [0, 1] pixels (mapped to the network's [-1, 1] inside) and come back in [0, 1];
+``encode`` gives code indices on a grid 1/f of the input, ``decode`` turns indices into images.
+"""
+import math
+from contextlib import nullcontext
+from typing import Dict, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.model import BaseModule
+
+from ...registry import MODELS
+from ..utils import CheckpointMismatchError, load_state_dict_strict
+
+# ----------------------------------------------------------------------------------------------
+# blocks
+# ----------------------------------------------------------------------------------------------
+
+
+def _norm(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(num_groups=32 if channels % 32 == 0 else math.gcd(32, channels),
+                        num_channels=channels, eps=1e-6, affine=True)
+
+
+class ResnetBlock(nn.Module):
+    """GroupNorm → swish → 3x3 conv, twice, plus a 1x1 shortcut when the width changes."""
+
+    def __init__(self, in_chs: int, out_chs: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.norm1 = _norm(in_chs)
+        self.conv1 = nn.Conv2d(in_chs, out_chs, 3, padding=1)
+        self.norm2 = _norm(out_chs)
+        self.dropout = nn.Dropout(dropout)
+        self.conv2 = nn.Conv2d(out_chs, out_chs, 3, padding=1)
+        self.nin_shortcut = nn.Conv2d(in_chs, out_chs, 1) if in_chs != out_chs else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        h = self.conv2(self.dropout(F.silu(self.norm2(h))))
+        return (x if self.nin_shortcut is None else self.nin_shortcut(x)) + h
+
+
+class AttnBlock(nn.Module):
+    """Single-head self-attention over all positions, with 1x1 q/k/v/out projections."""
+
+    def __init__(self, chs: int) -> None:
+        super().__init__()
+        self.norm = _norm(chs)
+        self.q = nn.Conv2d(chs, chs, 1)
+        self.k = nn.Conv2d(chs, chs, 1)
+        self.v = nn.Conv2d(chs, chs, 1)
+        self.proj_out = nn.Conv2d(chs, chs, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        y = self.norm(x)
+        q, k, v = (proj(y).flatten(2).transpose(1, 2)[:, None] for proj in (self.q, self.k, self.v))
+        out = F.scaled_dot_product_attention(q, k, v)  # scale c^-0.5: one head of width c
+        return x + self.proj_out(out[:, 0].transpose(1, 2).reshape(b, c, h, w))
+
+
+class Downsample(nn.Module):
+    """3x3 stride-2 conv after padding right and bottom by one (taming's asymmetric padding)."""
+
+    def __init__(self, chs: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(chs, chs, 3, stride=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.pad(x, (0, 1, 0, 1)))
+
+
+class Upsample(nn.Module):
+    """Nearest-neighbour x2, then a 3x3 conv."""
+
+    def __init__(self, chs: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(chs, chs, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.interpolate(x, scale_factor=2.0, mode='nearest'))
+
+
+class _Level(nn.Module):
+    """One resolution level: res blocks (+ attention) and the resampling to the next level."""
+
+    def __init__(self, blocks: Sequence[nn.Module], attns: Sequence[nn.Module],
+                 resample: Optional[nn.Module], resample_name: str) -> None:
+        super().__init__()
+        self.block = nn.ModuleList(blocks)
+        self.attn = nn.ModuleList(attns)
+        if resample is not None:
+            self.add_module(resample_name, resample)
+        self.resample_name = resample_name if resample is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, block in enumerate(self.block):
+            x = block(x)
+            if len(self.attn):
+                x = self.attn[i](x)
+        return x
+
+    def resample(self, x: torch.Tensor) -> torch.Tensor:
+        return getattr(self, self.resample_name)(x) if self.resample_name else x
+
+
+class _Mid(nn.Module):
+    def __init__(self, chs: int, dropout: float) -> None:
+        super().__init__()
+        self.block_1 = ResnetBlock(chs, chs, dropout)
+        self.attn_1 = AttnBlock(chs)
+        self.block_2 = ResnetBlock(chs, chs, dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block_2(self.attn_1(self.block_1(x)))
+
+
+# ----------------------------------------------------------------------------------------------
+# encoder / decoder / quantizer
+# ----------------------------------------------------------------------------------------------
+
+class Encoder(nn.Module):
+    def __init__(self, ch: int, ch_mult: Sequence[int], num_res_blocks: int,
+                 attn_resolutions: Sequence[int], resolution: int, z_channels: int,
+                 in_chs: int = 3, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.conv_in = nn.Conv2d(in_chs, ch, 3, padding=1)
+        self.down = nn.ModuleList()
+        widths = [ch] + [ch * m for m in ch_mult]
+        res = resolution
+        for i in range(len(ch_mult)):
+            blocks = [ResnetBlock(widths[i] if j == 0 else widths[i + 1], widths[i + 1], dropout)
+                      for j in range(num_res_blocks)]
+            attns = [AttnBlock(widths[i + 1]) for _ in range(num_res_blocks)] \
+                if res in attn_resolutions else []
+            last = i == len(ch_mult) - 1
+            self.down.append(_Level(blocks, attns, None if last else Downsample(widths[i + 1]),
+                                    'downsample'))
+            res = res if last else res // 2
+        self.mid = _Mid(widths[-1], dropout)
+        self.norm_out = _norm(widths[-1])
+        self.conv_out = nn.Conv2d(widths[-1], z_channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv_in(x)
+        for level in self.down:
+            h = level.resample(level(h))
+        h = self.mid(h)
+        return self.conv_out(F.silu(self.norm_out(h)))
+
+
+class Decoder(nn.Module):
+    def __init__(self, ch: int, ch_mult: Sequence[int], num_res_blocks: int,
+                 attn_resolutions: Sequence[int], resolution: int, z_channels: int,
+                 out_chs: int = 3, dropout: float = 0.0) -> None:
+        super().__init__()
+        widths = [ch * m for m in ch_mult]
+        res = resolution // 2 ** (len(ch_mult) - 1)
+        self.conv_in = nn.Conv2d(z_channels, widths[-1], 3, padding=1)
+        self.mid = _Mid(widths[-1], dropout)
+        levels = []
+        in_w = widths[-1]
+        for i in reversed(range(len(ch_mult))):  # NOTE: built coarse to fine, indexed fine first
+            blocks = []
+            for _ in range(num_res_blocks + 1):
+                blocks.append(ResnetBlock(in_w, widths[i], dropout))
+                in_w = widths[i]
+            attns = [AttnBlock(widths[i]) for _ in blocks] if res in attn_resolutions else []
+            levels.insert(0, _Level(blocks, attns, Upsample(in_w) if i > 0 else None,
+                                    'upsample'))
+            res = res * 2 if i > 0 else res
+        self.up = nn.ModuleList(levels)
+        self.norm_out = _norm(in_w)
+        self.conv_out = nn.Conv2d(in_w, out_chs, 3, padding=1)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        h = self.mid(self.conv_in(z))
+        for level in reversed(self.up):
+            h = level.resample(level(h))
+        return self.conv_out(F.silu(self.norm_out(h)))
+
+
+class VectorQuantizer(nn.Module):
+    """Nearest-codebook-entry quantiser with the straight-through gradient (VQ-VAE).
+
+    Distances ``|z|^2 + |e|^2 - 2 z.e`` are computed in fp32 whatever the autocast state, and
+    the loss is the standard ``|sg[z] - e|^2 + beta |z - sg[e]|^2`` (taming's legacy version puts
+    beta on the other term).
+    """
+
+    def __init__(self, n_embed: int, embed_dim: int, beta: float = 0.25) -> None:
+        super().__init__()
+        self.n_embed, self.embed_dim, self.beta = n_embed, embed_dim, beta
+        self.embedding = nn.Embedding(n_embed, embed_dim)
+        nn.init.uniform_(self.embedding.weight, -1.0 / n_embed, 1.0 / n_embed)
+
+    def indices(self, z: torch.Tensor) -> torch.Tensor:
+        """Code index (B, H, W) of every position of z (B, D, H, W)."""
+        with torch.autocast(z.device.type, enabled=False):
+            flat = z.float().permute(0, 2, 3, 1).reshape(-1, self.embed_dim)
+            codebook = self.embedding.weight.float()
+            dist = (flat.pow(2).sum(1, keepdim=True) + codebook.pow(2).sum(1)[None]
+                    - 2 * flat @ codebook.t())
+            return dist.argmin(1).view(z.shape[0], z.shape[2], z.shape[3])
+
+    def lookup(self, indices: torch.Tensor) -> torch.Tensor:
+        """Codebook vectors (B, D, H, W) of indices (B, H, W)."""
+        return self.embedding(indices).permute(0, 3, 1, 2).contiguous()
+
+    def forward(self, z: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(straight-through z_q, VQ loss, indices)."""
+        indices = self.indices(z)
+        z_q = self.lookup(indices).to(z.dtype)
+        loss = F.mse_loss(z_q, z.detach()) + self.beta * F.mse_loss(z, z_q.detach())
+        return z + (z_q - z).detach(), loss, indices
+
+
+# ----------------------------------------------------------------------------------------------
+# model
+# ----------------------------------------------------------------------------------------------
+
+@MODELS.register_module()
+class VQGAN(BaseModule):
+    """Encoder → 1x1 conv → vector quantiser → 1x1 conv → decoder.
+
+    Args:
+        arch: a name of :data:`VQGAN_ARCHS` or a dict with its keys.
+        checkpoint: a taming / latent-diffusion ``.ckpt`` or a plain state dict, loaded strictly
+            through :func:`checkpoint_filter_fn` (also via ``init_cfg``).
+        chunk_size: images per encoder/decoder call (bounds memory at large resolutions).
+        autocast: run the convolutions in bf16 (CPU) / fp16 (CUDA) autocast; the distances of
+            the quantiser always stay fp32.
+        dropout: dropout in the res blocks (training only).
+    """
+
+    def __init__(self, arch: str = 'f16_1024', checkpoint: Optional[str] = None,
+                 chunk_size: int = 8, autocast: bool = False, dropout: float = 0.0,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        if isinstance(arch, str):
+            if arch not in VQGAN_ARCHS:
+                raise KeyError(f'Unknown VQGAN arch {arch!r}; choose from {sorted(VQGAN_ARCHS)} '
+                               'or pass a dict with keys ' + ', '.join(VQGAN_ARCHS['f16_1024']))
+            self.arch_name, settings = arch, dict(VQGAN_ARCHS[arch])
+        else:
+            self.arch_name, settings = 'custom', dict(arch)
+            unknown = set(settings) - set(VQGAN_ARCHS['f16_1024'])
+            if unknown:
+                raise KeyError(f'Unknown VQGAN arch keys {sorted(unknown)}')
+        self.settings = settings
+        net = {k: settings[k] for k in ('ch', 'ch_mult', 'num_res_blocks', 'attn_resolutions',
+                                        'resolution', 'z_channels')}
+        self.encoder = Encoder(**net, dropout=dropout)
+        self.decoder = Decoder(**net, dropout=dropout)
+        self.quant_conv = nn.Conv2d(settings['z_channels'], settings['embed_dim'], 1)
+        self.post_quant_conv = nn.Conv2d(settings['embed_dim'], settings['z_channels'], 1)
+        self.quantize = VectorQuantizer(settings['n_embed'], settings['embed_dim'])
+        self.factor = 2 ** (len(settings['ch_mult']) - 1)
+        self.chunk_size = chunk_size
+        self.autocast = autocast
+        if checkpoint:
+            self.load_checkpoint(checkpoint)
+
+    @property
+    def n_embed(self) -> int:
+        return self.quantize.n_embed
+
+    @property
+    def embed_dim(self) -> int:
+        return self.quantize.embed_dim
+
+    def load_checkpoint(self, path: str) -> None:
+        """Load a taming/latent-diffusion ``.ckpt`` or a state dict, strictly and safely."""
+        from .checkpoint import load_tokenizer_checkpoint
+        state = checkpoint_filter_fn(load_tokenizer_checkpoint(path), self)
+        load_state_dict_strict(self, state, source=f'VQGAN checkpoint {path}')
+
+    def init_weights(self) -> None:
+        """Load ``init_cfg``'s checkpoint; otherwise keep the weights (built or loaded)."""
+        if self.init_cfg and self.init_cfg.get('type') == 'Pretrained':
+            self.load_checkpoint(self.init_cfg['checkpoint'])
+        self._is_init = True
+
+    # -- running ------------------------------------------------------------------------------
+    def _amp(self, x: torch.Tensor):
+        if not self.autocast:
+            return nullcontext()
+        dtype = torch.float16 if x.device.type == 'cuda' else torch.bfloat16
+        return torch.autocast(x.device.type, dtype=dtype)
+
+    def _check_size(self, x: torch.Tensor) -> None:
+        if x.dim() != 4 or x.shape[1] != 3:
+            raise ValueError(f'VQGAN expects (B, 3, H, W) images in [0, 1], got {tuple(x.shape)}')
+        if x.shape[-2] % self.factor or x.shape[-1] % self.factor:
+            raise ValueError(f'VQGAN ({self.arch_name}, factor {self.factor}) needs H and W '
+                             f'divisible by {self.factor}, got {tuple(x.shape[-2:])}; pad first.')
+
+    def encode_latent(self, x: torch.Tensor) -> torch.Tensor:
+        """Pre-quantisation latents (B, embed_dim, H/f, W/f) of [0, 1] images."""
+        self._check_size(x)
+        outs = []
+        for chunk in x.split(self.chunk_size):
+            with self._amp(chunk):
+                outs.append(self.quant_conv(self.encoder(chunk * 2 - 1)).float())
+        return torch.cat(outs)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Code indices (B, H/f, W/f) of [0, 1] images."""
+        return self.quantize.indices(self.encode_latent(x))
+
+    def decode_latent(self, z_q: torch.Tensor) -> torch.Tensor:
+        outs = []
+        for chunk in z_q.split(self.chunk_size):
+            with self._amp(chunk):
+                outs.append(self.decoder(self.post_quant_conv(chunk)).float())
+        return ((torch.cat(outs).clamp(-1, 1) + 1) / 2)
+
+    def decode(self, indices: torch.Tensor) -> torch.Tensor:
+        """[0, 1] images from code indices (B, h, w)."""
+        return self.decode_latent(self.quantize.lookup(indices))
+
+    def reconstruct(self, x: torch.Tensor) -> torch.Tensor:
+        """Q(x): encode, quantise, decode ([0, 1] in and out)."""
+        return self.decode(self.encode(x))
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Training pass: (reconstruction in [0, 1] before clamping, VQ loss, indices)."""
+        self._check_size(x)
+        with self._amp(x):
+            z = self.quant_conv(self.encoder(x * 2 - 1)).float()
+        z_q, vq_loss, indices = self.quantize(z)
+        with self._amp(x):
+            rec = self.decoder(self.post_quant_conv(z_q)).float()
+        return (rec + 1) / 2, vq_loss, indices
+
+
+# ----------------------------------------------------------------------------------------------
+# checkpoints and variants
+# ----------------------------------------------------------------------------------------------
+
+#: Prefixes of the tokenizer inside the official files (the rest: loss.* LPIPS/discriminator).
+TOKENIZER_PREFIXES = ('encoder.', 'decoder.', 'quantize.', 'quant_conv.', 'post_quant_conv.')
+
+
+def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: Optional[VQGAN] = None
+                         ) -> Dict[str, torch.Tensor]:
+    """The tokenizer's weights of an official taming / latent-diffusion checkpoint.
+
+    Keeps the encoder, decoder, quantiser and the two 1x1 convs (a ``model.`` or ``module.``
+    wrapper prefix is removed); drops ``loss.*`` and anything else. The key names are the
+    model's own, so nothing is renamed.
+    """
+    for wrapper in ('model.', 'module.', 'first_stage_model.'):
+        if state_dict and all(k.startswith(wrapper) for k in state_dict
+                              if not k.startswith('loss.')):
+            state_dict = {k[len(wrapper):] if k.startswith(wrapper) else k: v
+                          for k, v in state_dict.items()}
+    kept = {k: v for k, v in state_dict.items() if k.startswith(TOKENIZER_PREFIXES)}
+    if not kept:
+        raise CheckpointMismatchError(
+            'the checkpoint holds no VQGAN weights (no keys starting with '
+            f'{", ".join(TOKENIZER_PREFIXES)}); first keys: {sorted(state_dict)[:10]}')
+    return kept
+
+
+# ch, ch_mult, num_res_blocks, attn_resolutions, resolution, z_channels, embed_dim, n_embed
+VQGAN_ARCHS: Dict[str, dict] = {
+    # taming-transformers ImageNet f16 (72,141,699 / 76,073,859 parameters)
+    'f16_1024': dict(ch=128, ch_mult=(1, 1, 2, 2, 4), num_res_blocks=2, attn_resolutions=(16,),
+                     resolution=256, z_channels=256, embed_dim=256, n_embed=1024),
+    'f16_16384': dict(ch=128, ch_mult=(1, 1, 2, 2, 4), num_res_blocks=2,
+                      attn_resolutions=(16,), resolution=256, z_channels=256, embed_dim=256,
+                      n_embed=16384),
+    # latent-diffusion "vq-f8" OpenImages (67,717,295 parameters)
+    'f8_16384': dict(ch=128, ch_mult=(1, 2, 2, 4), num_res_blocks=2, attn_resolutions=(32,),
+                     resolution=256, z_channels=4, embed_dim=4, n_embed=16384),
+    # Dr-ViT's "small VQ encoder": 1 res block per level, 64 filters (2.63M encoder / 7.12M
+    # parameters), f16 with 1024 codes of width 256; trained by tools/train_vq.py
+    'small_f16': dict(ch=64, ch_mult=(1, 2, 2, 2, 2), num_res_blocks=1, attn_resolutions=(),
+                      resolution=256, z_channels=256, embed_dim=256, n_embed=1024),
+}
