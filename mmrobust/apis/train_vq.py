@@ -208,6 +208,11 @@ def train_vq(cfg: Config, work_dir: str, resume: bool = False) -> Dict[str, floa
         for images in loader:
             if it >= opts['iters']:
                 break
+            if it == 0:  # NOTE: codebook from encoder outputs, or all latents pick one code
+                with torch.no_grad():
+                    z = model.encode_latent(images).permute(0, 2, 3, 1).reshape(-1, model.embed_dim)
+                    pick = z[torch.randint(len(z), (model.n_embed, ))]
+                    model.quantize.embedding.weight.copy_(pick + 1e-3 * torch.randn_like(pick))
             recon, vq_loss, codes = model(images)
             loss = recon_fn(recon, images) + vq_loss
             gan_loss = torch.zeros(())

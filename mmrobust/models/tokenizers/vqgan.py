@@ -26,8 +26,13 @@ from ..utils import CheckpointMismatchError, load_state_dict_strict
 
 
 def _norm(channels: int) -> nn.GroupNorm:
-    return nn.GroupNorm(num_groups=32 if channels % 32 == 0 else math.gcd(32, channels),
-                        num_channels=channels, eps=1e-6, affine=True)
+    """taming's GroupNorm(32); narrower (small) models keep at least 4 channels per group.
+
+    NOTE: with one channel per group the norm erases each channel's mean, so a small decoder
+    could not reproduce flat colours (it learned only grey images).
+    """
+    groups = math.gcd(min(32, max(channels // 4, 1)), channels)
+    return nn.GroupNorm(num_groups=groups, num_channels=channels, eps=1e-6, affine=True)
 
 
 class ResnetBlock(nn.Module):
