@@ -134,6 +134,9 @@ def test_detector_on_the_fly_stored_resume_and_report(toy_data, trained_toy_dete
                     '--work-dir', tmp_path / 'w1', '--save-predictions', tmp_path / 'pred_fly',
                     *NO_WORKERS)
     assert 'P_clean' in proc.stdout and 'coco/segm_mAP' in proc.stdout
+    # one command gives the results, the table and the plots
+    assert (tmp_path / 'report' / 'per_corruption_coco_bbox_mAP.png').is_file()
+    assert (tmp_path / 'report' / 'summary.csv').is_file()
     data = json.loads(fly.read_text())
     assert data['protocol'] == 'custom' and data['source'] == 'on-the-fly'
     assert sorted(data['cells']) == ['clean', 'fog', 'gaussian_noise']

@@ -4,11 +4,11 @@
                          [--show-dir DIR] [--tta] [--cfg-options k=v ...] [--launcher ...]
 """
 import argparse
-import os
 
-from mmengine.config import Config, DictAction
+from mmengine.config import Config
 
-from mmrobust.apis import apply_common_args, apply_test_args, build_runner
+from mmrobust.apis import (add_launch_args, apply_common_args, apply_test_args, build_runner,
+                           parse_launch_args)
 from mmrobust.utils import config_scope, explain_registry_errors
 
 
@@ -24,14 +24,8 @@ def parse_args() -> argparse.Namespace:
                         '(relative to the work dir for detection)')
     parser.add_argument('--wait-time', type=float, default=2, help='seconds between --show images')
     parser.add_argument('--tta', action='store_true', help='test-time augmentation')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config settings, key=value')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none', help='job launcher')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args()
-    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
-    return args
+    add_launch_args(parser)
+    return parse_launch_args(parser)
 
 
 def main() -> None:

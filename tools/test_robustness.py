@@ -8,18 +8,19 @@
 
 The model is built and the checkpoint loaded once. After every cell the results JSON
 (default: WORK_DIR/robustness_<protocol>.json) is rewritten atomically, and rerunning the same
-command resumes. Tables and plots: tools/robustness_report.py RESULTS.json.
+command resumes. At the end the P_clean / mPC / rPC table is printed and report/ next to the
+results gets the CSV files and plots; tools/robustness_report.py compares several models.
 """
 import argparse
-import os
 import os.path as osp
 
-from mmengine.config import Config, DictAction
+from mmengine.config import Config
 
-from mmrobust.apis import apply_common_args, apply_test_args, build_runner
+from mmrobust.apis import (add_launch_args, apply_common_args, apply_test_args, build_runner,
+                           parse_launch_args)
 from mmrobust.corruptions import resolve_protocol
 from mmrobust.evaluation import evaluate_robustness
-from mmrobust.evaluation.report import summary_markdown
+from mmrobust.evaluation.report import plot, summary_markdown, write_csv
 from mmrobust.utils import explain_registry_errors
 
 
@@ -45,14 +46,8 @@ def parse_args() -> argparse.Namespace:
                         help='also dump raw predictions, one DIR/<corruption>_<severity>.pkl '
                              'per cell')
     parser.add_argument('--work-dir', help='logs and the default results file go here')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config settings, key=value')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none', help='job launcher')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args()
-    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
-    return args
+    add_launch_args(parser)
+    return parse_launch_args(parser)
 
 
 def main() -> None:
@@ -73,9 +68,12 @@ def main() -> None:
             save_predictions=args.save_predictions)
         runner.call_hook('after_run')
     if runner.rank == 0:
-        print(summary_markdown({osp.basename(args.config): results}))
-        print(f'\nresults: {results_path}\nreport and plots: python tools/robustness_report.py '
-              f'{results_path} --out-dir DIR')
+        label = osp.splitext(osp.basename(args.config))[0]
+        print(summary_markdown({label: results}))
+        report_dir = osp.join(osp.dirname(osp.abspath(results_path)), 'report')
+        files = list(write_csv({label: results}, report_dir)) + plot({label: results}, report_dir)
+        print(f'\nresults: {results_path}\nreport: {", ".join(files)}\ncompare models: '
+              f'python tools/robustness_report.py {results_path} OTHER.json --out-dir DIR')
 
 
 if __name__ == '__main__':

@@ -6,9 +6,10 @@
 import argparse
 import os
 
-from mmengine.config import Config, DictAction
+from mmengine.config import Config
 
-from mmrobust.apis import apply_common_args, apply_train_args, build_runner
+from mmrobust.apis import (add_launch_args, apply_common_args, apply_train_args, build_runner,
+                           parse_launch_args)
 from mmrobust.utils import explain_registry_errors
 
 
@@ -25,15 +26,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--resume', nargs='?', type=str, const='auto',
                         help='resume from this checkpoint, or without a path from the latest '
                         'checkpoint in the work dir')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config settings, key=value (e.g. '
-                        'train_cfg.max_iters=100 or "key=[a,b]")')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none', help='job launcher')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args()
-    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
-    return args
+    add_launch_args(parser)
+    return parse_launch_args(parser)
 
 
 def main() -> None:

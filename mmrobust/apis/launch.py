@@ -3,6 +3,7 @@
 The config's `default_scope` decides the task; everything else is shared, so there is one set
 of tools instead of parallel mmdet/mmseg copies.
 """
+import argparse
 import os
 import os.path as osp
 import warnings
@@ -11,7 +12,7 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-from mmengine.config import Config, ConfigDict
+from mmengine.config import Config, ConfigDict, DictAction
 from mmengine.logging import print_log
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
@@ -21,6 +22,23 @@ from mmrobust.utils.config_checks import (check_custom_imports, check_dataset_pa
 
 __all__ = ['apply_common_args', 'apply_train_args', 'apply_test_args', 'build_runner',
            'setup_distributed']
+
+
+def add_launch_args(parser: argparse.ArgumentParser) -> None:
+    """The arguments every tool shares: `--cfg-options`, `--launcher` and the local rank."""
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config settings, key=value (e.g. '
+                        'train_cfg.max_iters=100 or "key=[a,b]")')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+
+
+def parse_launch_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parse a tool's arguments (with :func:`add_launch_args`) and export `LOCAL_RANK`."""
+    args = parser.parse_args()
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
 
 
 def apply_common_args(cfg: Config, config_path: str, launcher: str, work_dir: Optional[str],
