@@ -169,14 +169,9 @@ def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
                    label=f"{label} (mPC {m['mPC']:.3f}, rPC {100 * m['rPC']:.1f}%)")
             ax.axhline(m['P_clean'], color=f'C{i}', linestyle='--', linewidth=1)
         ax.set_xticks(xs, corruptions, rotation=45, ha='right')
-        ax.set_ylabel(f'{name} (mean over severities)')
-        ax.set_title(f'{name} per corruption (dashed: clean)')
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = osp.join(out_dir, f'per_corruption_{safe}.png')
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_finish(fig, ax, f'{name} (mean over severities)',
+                               f'{name} per corruption (dashed: clean)',
+                               osp.join(out_dir, f'per_corruption_{safe}.png')))
 
         fig, ax = plt.subplots(figsize=(5.5, 4))
         for i, (label, s) in enumerate(summaries.items()):
@@ -187,12 +182,19 @@ def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
             values = [m['P_clean']] + list(m['per_severity'].values())
             ax.plot(severities, values, marker='o', color=f'C{i}', label=label)
         ax.set_xlabel('severity (0 = clean)')
-        ax.set_ylabel(f'{name} (mean over corruptions)')
-        ax.set_title(f'{name} per severity')
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = osp.join(out_dir, f'per_severity_{safe}.png')
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_finish(fig, ax, f'{name} (mean over corruptions)',
+                               f'{name} per severity',
+                               osp.join(out_dir, f'per_severity_{safe}.png')))
     return written
+
+
+def _finish(fig, ax, ylabel: str, title: str, path: str) -> str:
+    """Label, lay out, save and close a figure; returns its path."""
+    import matplotlib.pyplot as plt
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
