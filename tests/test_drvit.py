@@ -161,3 +161,17 @@ def test_registered_in_both_scopes(scope):
     registry = __import__(f'{scope}.registry', fromlist=['MODELS']).MODELS
     model = registry.build(dict(type='DrViT', arch='tiny', tokenizer=TOKENIZER))
     assert isinstance(model, DrViT)
+
+
+def test_tokenizer_checkpoint_loads_at_init(tmp_path):
+    from mmrobust.models.tokenizers import VQGAN
+    torch.manual_seed(3)
+    trained = VQGAN(TOKENIZER['arch'])
+    torch.save(trained.state_dict(), tmp_path / 'tokenizer.pth')
+    tokenizer = dict(TOKENIZER, init_cfg=dict(type='Pretrained',
+                                              checkpoint=str(tmp_path / 'tokenizer.pth')))
+    model = _build('small', tokenizer=tokenizer)
+    assert torch.equal(model.tokenizer.quantize.embedding.weight,
+                       trained.quantize.embedding.weight)
+    assert not model.tokenizer.training and not any(
+        p.requires_grad for p in model.tokenizer.parameters())

@@ -172,6 +172,7 @@ class DrViT(DenseBackbone):
                                  "checkpoint='checkpoints/vq_small_f16.pth')")
             self.tokenizer = MODELS.build(tokenizer)
             self.tokenizer.requires_grad_(False)
+            self.tokenizer.eval()
             factor = self.tokenizer.factor
             if factor not in (8, 16):
                 raise ValueError(f'the tokenizer downsamples by {factor}; Dr-ViT needs 16 (codes '
@@ -248,12 +249,7 @@ class DrViT(DenseBackbone):
         nn.init.trunc_normal_(self.cls_token, std=.02)
         if self.tokenizer is not None:
             nn.init.zeros_(self.code_delta)
-            self.tokenizer.init_weights()
-
-    def init_weights(self) -> None:
-        super().init_weights()
-        if self.tokenizer is not None and self.init_cfg is not None:
-            self.tokenizer.init_weights()  # NOTE: the tokenizer loads its own checkpoint
+            self.tokenizer.init_weights()  # NOTE: loads the tokenizer's own init_cfg checkpoint
 
     def convert_checkpoint(self, checkpoint: dict) -> Dict[str, torch.Tensor]:
         state = checkpoint_filter_fn(checkpoint, self)
