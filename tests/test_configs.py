@@ -1,18 +1,20 @@
-"""Every config in configs/ builds its model and dataloaders under its own scope.
+"""Every config in configs/ builds its model, hooks and dataloaders under its own scope.
 
 Configs for the real datasets are built on the toy data of the same format when the real data
 is not there (COCO -> toy COCO, Cityscapes -> toy Cityscapes); the toy configs also run a
 training and a test batch through the model.
 """
+import copy
 import os.path as osp
 
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.registry import MODELS, init_default_scope
+from mmengine.registry import HOOKS, MODELS, init_default_scope
 from mmengine.runner import Runner
 
 from mmrobust.datasets import TOY_COCO_CLASSES
+from mmrobust.engine import DATHook
 from mmrobust.utils import DatasetNotFoundError, check_custom_imports, check_dataset_paths, \
     config_scope
 
@@ -58,6 +60,14 @@ def test_config_builds(path, toy_data, in_repo):
     model = MODELS.build(cfg.model)
     if is_toy:
         model.init_weights()
+    hooks = [HOOKS.build(copy.deepcopy(h)) for h in cfg.get('custom_hooks', [])]
+    for hook in hooks:
+        if isinstance(hook, DATHook):
+            # the architecture the config names, without its (locally trained) weights
+            hook.tokenizer = MODELS.build(dict(hook.tokenizer_cfg, init_cfg=None))
+            if is_toy:
+                hook.attach(model)
+                hook._iter = 0
     for key in LOADERS:
         loader_cfg = cfg[key].copy()
         loader_cfg.update(num_workers=0, persistent_workers=False, batch_size=1)
@@ -73,7 +83,9 @@ def test_config_builds(path, toy_data, in_repo):
         batch = next(iter(loader))
         if key == 'train_dataloader':
             model.train()
-            data = model.data_preprocessor(batch, True)
+            data = model.data_preprocessor(batch, True)  # through the DAT hook, if any
+            if any(isinstance(h, DATHook) for h in hooks):
+                assert len(data['inputs']) == 2 * len(batch['inputs'])  # mode='append'
             losses = model(**data, mode='loss')
             total = sum(v.sum() for k, v in losses.items() if 'loss' in k
                         for v in (v if isinstance(v, list) else [v]))

@@ -1,12 +1,11 @@
 # Dr-ViT's small VQ tokenizer (f16, 1 res block per level, 64 filters) trained on the toy COCO
 # images, unlabelled: `python tools/train_vq.py configs/tokenizers/vq-small-f16_toy-coco.py`.
-# A few minutes on a CPU; the result (work_dirs/.../tokenizer.pth) is what the toy Dr-ViT and
-# DAT configs load.
+# A few minutes on a CPU; the result (work_dirs/vq-small-f16_toy-coco/tokenizer.pth) is what the
+# toy DAT configs load.
+_base_ = ['./_base_/vq-small-f16-toy.py']
 custom_imports = dict(imports=['mmrobust'], allow_failed_imports=False)
 
-model = dict(type='VQGAN', arch=dict(ch=64, ch_mult=(1, 2, 2, 2, 2), num_res_blocks=1,
-                                     attn_resolutions=(), resolution=256, z_channels=256,
-                                     embed_dim=256, n_embed=256))
+model = dict(type='VQGAN', arch={{_base_.toy_tokenizer_arch}})
 # the images of any mmdet / mmseg config's dataloaders (labels are not read)
 data = dict(config='configs/toy/mask-rcnn_r18_fpn_toy-coco.py', train='train_dataloader',
             val='val_dataloader')

@@ -1,3 +1,4 @@
+from .hooks import DATHook, PixelSpace
 from .optim_wrapper import CPUAmpOptimWrapper
 
-__all__ = ['CPUAmpOptimWrapper']
+__all__ = ['CPUAmpOptimWrapper', 'DATHook', 'PixelSpace']

@@ -1,0 +1,3 @@
+from .dat import DATHook, PixelSpace
+
+__all__ = ['DATHook', 'PixelSpace']

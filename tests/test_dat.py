@@ -1,0 +1,294 @@
+"""Discrete Adversarial Training (mmrobust.engine.DATHook) on toy detectors and segmentors."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+from mmengine.config import Config
+from mmengine.logging import MessageHub
+from mmengine.registry import MODELS, init_default_scope
+from mmengine.runner import Runner
+
+from mmrobust.engine import DATHook, PixelSpace
+from mmrobust.models import VQGAN
+from mmrobust.utils import safe_load
+
+from conftest import free_port, run_cmd, run_tool, REPO
+
+DET_DAT = 'configs/toy/mask-rcnn_fan-t-hybrid_fpn_dat_toy-coco.py'
+SEG_DAT = 'configs/toy/segformer_fan-t-hybrid_dat_toy-cityscapes.py'
+SEG_PLAIN = 'configs/toy/segformer_mit-b0_toy-cityscapes.py'
+NO_TOKENIZER_WEIGHTS = 'custom_hooks.0.tokenizer.init_cfg=None'
+
+
+class ScalarQuantizer(nn.Module):
+    """A transparent 'tokenizer': every pixel rounded to one of ``levels + 1`` values."""
+
+    factor = 1
+
+    def __init__(self, levels: int = 255) -> None:
+        super().__init__()
+        self.levels = levels
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * self.levels).round().long()
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        return codes.float() / self.levels
+
+
+def small_tokenizer(seed: int = 0) -> VQGAN:
+    torch.manual_seed(seed)
+    return VQGAN(arch=dict(ch=32, ch_mult=(1, 2, 2, 2, 2), num_res_blocks=1,
+                           attn_resolutions=(), resolution=256, z_channels=256, embed_dim=256,
+                           n_embed=256))
+
+
+def toy_model(path: str, model_options: dict = None, batch_size: int = 2, seed: int = 0):
+    """(model in train mode, one training batch) of a toy config."""
+    cfg = Config.fromfile(str(REPO / path))
+    if model_options:
+        cfg.merge_from_dict(model_options)
+    init_default_scope(cfg.default_scope)
+    torch.manual_seed(seed)
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    model.train()
+    loader = Runner.build_dataloader(dict(cfg.train_dataloader, num_workers=0, batch_size=batch_size,
+                                          persistent_workers=False), seed=seed)
+    return model, next(iter(loader))
+
+
+def state(model: nn.Module) -> dict:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture(scope='module', params=[DET_DAT, SEG_DAT], ids=['detector', 'segmentor'])
+def toy(request, toy_data):
+    return (request.param, *toy_model(request.param))
+
+
+def test_attack_pass_leaves_no_trace_and_logs(toy):
+    path, model, batch = toy
+    before = state(model)
+    hook = DATHook(tokenizer=small_tokenizer(), mode='replace')
+    hook.attach(model)
+    try:
+        clean = model.data_preprocessor.__class__.forward(model.data_preprocessor, batch, True)
+        hook._iter = 0
+        data = model.data_preprocessor(batch, True)
+    finally:
+        hook.detach()
+    # parameters and every buffer (BN running statistics, counters) as before; no .grad
+    after = state(model)
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None for p in model.parameters())
+    x_adv = data['inputs']
+    assert x_adv.shape == clean['inputs'].shape and torch.isfinite(x_adv).all()
+    space = hook._space
+    x_hat, _ = hook.quantize(space.to_pixels(clean['inputs']))
+    assert (space.to_pixels(x_adv) - x_hat).abs().mean() > 1e-4  # x_adv differs from Q(x)
+    # padding (outside img_shape) is kept as the preprocessor made it
+    for i, sample in enumerate(data['data_samples']):
+        h, w = sample.img_shape[:2]
+        assert torch.equal(x_adv[i, :, h:], clean['inputs'][i, :, h:])
+        assert torch.equal(x_adv[i, :, :, w:], clean['inputs'][i, :, :, w:])
+    stats = hook.last_stats
+    assert set(stats) == {'dat_loss', 'dat_delta', 'dat_codes_changed', 'dat_adv_l1'}
+    assert stats['dat_delta'] == pytest.approx(0.1, rel=1e-3)  # one L2 step of alpha
+    assert 0 <= stats['dat_codes_changed'] <= 1 and stats['dat_loss'] > 0
+    logged = MessageHub.get_current_instance().log_scalars
+    assert logged['train/dat_loss'].current() == pytest.approx(stats['dat_loss'])
+    # detached: the preprocessor is the plain one again
+    assert 'forward' not in model.data_preprocessor.__dict__
+
+
+def test_append_doubles_the_batch_with_consistent_samples(toy_data):
+    model, batch = toy_model(DET_DAT)
+    hook = DATHook(tokenizer=small_tokenizer(), mode='append')
+    hook.attach(model)
+    hook._iter = 0
+    clean = type(model.data_preprocessor).forward(model.data_preprocessor, batch, True)
+    data = model.data_preprocessor(batch, True)
+    hook.detach()
+    b = len(batch['inputs'])
+    assert data['inputs'].shape[0] == 2 * b and len(data['data_samples']) == 2 * b
+    assert torch.equal(data['inputs'][:b], clean['inputs'])
+    for i in range(b):
+        orig, copy_ = data['data_samples'][i], data['data_samples'][b + i]
+        assert copy_ is not orig and copy_.metainfo == orig.metainfo
+        assert torch.equal(copy_.gt_instances.bboxes, orig.gt_instances.bboxes)
+        assert torch.equal(copy_.gt_instances.labels, orig.gt_instances.labels)
+    losses = model(**data, mode='loss')
+    assert torch.isfinite(model.parse_losses(losses)[0])
+
+
+def _loss(model, x, samples, seed=0):
+    torch.manual_seed(seed)  # the same dropout / sampling for every evaluation
+    with torch.no_grad():
+        return float(model.parse_losses(model(x, samples, mode='loss'))[0])
+
+
+@pytest.mark.parametrize('norm,alpha', [('linf', 4 / 255), ('l2', 8.0)])
+def test_adversarial_batch_raises_the_loss(norm, alpha, toy_data):
+    """With a transparent tokenizer, x_adv = Q(x̂ + δ) raises the training loss on average."""
+    gains = []
+    for seed in range(3):
+        model, batch = toy_model(SEG_PLAIN, seed=seed)
+        hook = DATHook(tokenizer=ScalarQuantizer(), norm=norm, alpha=alpha, eps=alpha)
+        hook.attach(model)
+        hook._iter = seed
+        clean = type(model.data_preprocessor).forward(model.data_preprocessor, batch, True)
+        adv = model.data_preprocessor(batch, True)
+        hook.detach()
+        space = hook._space
+        x_hat = space.from_pixels(hook.quantize(space.to_pixels(clean['inputs']))[0])
+        gains.append(_loss(model, adv['inputs'], adv['data_samples'])
+                     - _loss(model, x_hat, clean['data_samples']))
+    assert sum(gains) / len(gains) > 0, gains
+
+
+def test_gradients_equal_a_hand_written_dat_step(toy_data):
+    no_dropout = {'model.backbone.drop_path_rate': 0.0, 'model.decode_head.dropout_ratio': 0.0}
+    model, batch = toy_model(SEG_PLAIN, no_dropout)
+    reference = copy.deepcopy(model)
+    tok = small_tokenizer()
+
+    hook = DATHook(tokenizer=tok, mode='replace', alpha=0.1)
+    hook.attach(model)
+    hook._iter = 0
+    data = model.data_preprocessor(batch, True)
+    hook.detach()
+    model.parse_losses(model(**data, mode='loss'))[0].backward()
+
+    # Algorithm: x̂ = Q(x); g = dL/dx̂; δ = α g / |g|₂ (pixels in [0, 1]); x_adv = Q(x̂ + δ)
+    data = reference.data_preprocessor(batch, True)
+    x, samples = data['inputs'], data['data_samples']
+    pre = reference.data_preprocessor
+    assert pre.channel_conversion  # the toy configs feed RGB
+    mean, std = pre.mean.view(1, 3, 1, 1), pre.std.view(1, 3, 1, 1)
+    with torch.no_grad():
+        x_hat = tok.decode(tok.encode((x * std + mean) / 255))
+    x_in = ((x_hat * 255 - mean) / std).requires_grad_(True)
+    loss = reference.parse_losses(reference(x_in, samples, mode='loss'))[0]
+    g, = torch.autograd.grad(loss, x_in)
+    g = g * 255 / std
+    delta = 0.1 * g / g.flatten(1).norm(dim=1).view(-1, 1, 1, 1)
+    with torch.no_grad():
+        x_adv = tok.decode(tok.encode((x_hat + delta).clamp(0, 1)))
+    reference.parse_losses(reference((x_adv * 255 - mean) / std, samples, mode='loss'))[0] \
+        .backward()
+
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_prob_start_iter_and_seeded_choices(toy_data):
+    hook = DATHook(tokenizer=ScalarQuantizer(), prob=0.5, start_iter=3, seed=1)
+    assert not any(hook._active(i) for i in range(3))
+    draws = [hook._active(i) for i in range(3, 203)]
+    assert 70 < sum(draws) < 130
+    # the same choices after a resume (a fresh hook)
+    assert draws == [DATHook(tokenizer=ScalarQuantizer(), prob=0.5, start_iter=3,
+                             seed=1)._active(i) for i in range(3, 203)]
+    model, batch = toy_model(SEG_PLAIN)
+    off = DATHook(tokenizer=ScalarQuantizer(), prob=0.0)
+    off.attach(model)
+    off._iter = 0
+    out = model.data_preprocessor(batch, True)
+    off.detach()
+    clean = model.data_preprocessor(batch, True)
+    assert torch.equal(out['inputs'], clean['inputs']) and not off.last_stats
+
+
+def test_random_start_stays_in_the_eps_ball(toy_data):
+    model, batch = toy_model(SEG_PLAIN)
+    hook = DATHook(tokenizer=ScalarQuantizer(), alpha=0.5, eps=0.3, random_start=True,
+                   requantize='input')
+    hook.attach(model)
+    hook._iter = 0
+    model.data_preprocessor(batch, True)
+    hook.detach()
+    assert hook.last_stats['dat_delta'] <= 0.3 + 1e-5
+
+
+def test_pixel_space_round_trip_and_chain_rule():
+    pre = nn.Module()
+    pre._enable_normalize = True
+    pre.mean, pre.std = torch.tensor([1., 2., 3.]).view(3, 1, 1), torch.tensor([4., 5., 6.]).view(3, 1, 1)
+    pre._channel_conversion = False  # BGR into the model
+    space = PixelSpace(pre)
+    x = torch.randn(2, 3, 5, 7, dtype=torch.float64).float()
+    torch.testing.assert_close(space.from_pixels(space.to_pixels(x)), x)
+    p = torch.rand(2, 3, 5, 7, requires_grad=True)
+    w = torch.randn(2, 3, 5, 7)
+    x_in = space.from_pixels(p).detach().requires_grad_(True)
+    g_x, = torch.autograd.grad((space.to_pixels(x_in) * w).sum(), x_in)
+    # d/dp of f(p) = w.p is w; grad_to_pixels must recover it from d/dx
+    torch.testing.assert_close(space.grad_to_pixels(g_x), w)
+    assert space.to_pixels(x)[:, 0].allclose((x[:, 2] * 6 + 3) / 255)  # RGB out of BGR
+
+
+def test_bad_arguments_are_explained():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        DATHook(tokenizer=ScalarQuantizer(), mode='double')
+    with pytest.raises(ValueError, match='requantize'):
+        DATHook(tokenizer=ScalarQuantizer(), requantize='latent')
+    with pytest.raises(ValueError, match='prob'):
+        DATHook(tokenizer=ScalarQuantizer(), prob=2)
+    with pytest.raises(TypeError, match="has no 'encode'"):
+        DATHook(tokenizer=nn.Linear(2, 2)).build_tokenizer(torch.device('cpu'))
+
+
+def test_missing_tokenizer_checkpoint_names_the_fix(in_repo):
+    hook_cfg = Config.fromfile(str(REPO / DET_DAT)).custom_hooks[0]
+    assert hook_cfg.tokenizer.init_cfg.checkpoint == 'work_dirs/vq-small-f16_toy-coco/tokenizer.pth'
+    hook_cfg.tokenizer.init_cfg.checkpoint = 'work_dirs/missing/tokenizer.pth'
+    hook = DATHook(**{k: v for k, v in hook_cfg.items() if k != 'type'})
+    with pytest.raises(FileNotFoundError, match='work_dirs/missing/tokenizer.pth.*train_vq.py'):
+        hook.build_tokenizer(torch.device('cpu'))
+
+
+# -- end to end ----------------------------------------------------------------------------------
+
+def _short(iters: int, ckpt: int = 0) -> list:
+    return ['--cfg-options', NO_TOKENIZER_WEIGHTS, f'train_cfg.max_iters={iters}',
+            f'train_cfg.val_interval={iters}', f'default_hooks.checkpoint.interval={ckpt or iters}',
+            'default_hooks.logger.interval=1', 'train_dataloader.batch_size=2',
+            'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False',
+            'val_dataloader.num_workers=0', 'val_dataloader.persistent_workers=False']
+
+
+def _dat_log_lines(log: str) -> list:
+    return [line for line in log.splitlines() if 'dat_loss:' in line and 'dat_codes_changed' in line]
+
+
+@pytest.mark.slow
+def test_detector_trains_with_dat_and_resumes(toy_data, tmp_path):
+    work = tmp_path / 'dat'
+    proc = run_tool('train.py', DET_DAT, '--work-dir', work, *_short(2, ckpt=1))
+    assert len(_dat_log_lines(proc.stdout + proc.stderr)) == 2
+    proc = run_tool('train.py', DET_DAT, '--work-dir', work, '--resume', *_short(3, ckpt=1))
+    assert safe_load(str(work / 'iter_3.pth'))['meta']['iter'] == 3
+    assert len(_dat_log_lines(proc.stdout + proc.stderr)) == 1
+    # the checkpoint holds the detector only (the tokenizer is the hook's, not the model's)
+    assert not any('tokenizer' in k for k in safe_load(str(work / 'iter_3.pth'))['state_dict'])
+
+
+@pytest.mark.slow
+def test_segmentor_trains_with_dat_under_amp(toy_data, tmp_path):
+    proc = run_tool('train.py', SEG_DAT, '--work-dir', tmp_path, '--amp', *_short(2))
+    log = proc.stdout + proc.stderr
+    assert "type='CPUAmpOptimWrapper'" in log and len(_dat_log_lines(log)) == 2
+
+
+@pytest.mark.slow
+def test_dat_with_two_processes(toy_data, tmp_path):
+    proc = run_cmd(['bash', REPO / 'tools/dist_train.sh', 'configs/toy/yolov3_mobilenetv2_dat_toy-coco.py',
+                    '2', '--work-dir', tmp_path, *_short(2)], env={'PORT': str(free_port())})
+    log = proc.stdout + proc.stderr
+    assert 'GPU number: 2' in log and len(_dat_log_lines(log)) >= 2
+    assert safe_load(str(tmp_path / 'iter_2.pth'))['meta']['iter'] == 2
