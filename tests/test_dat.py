@@ -16,6 +16,7 @@ from mmrobust.utils import safe_load
 from conftest import free_port, run_cmd, run_tool, REPO
 
 DET_DAT = 'configs/toy/mask-rcnn_fan-t-hybrid_fpn_dat_toy-coco.py'
+R18_DAT = 'configs/toy/mask-rcnn_r18_fpn_dat_toy-coco.py'
 SEG_DAT = 'configs/toy/segformer_fan-t-hybrid_dat_toy-cityscapes.py'
 SEG_PLAIN = 'configs/toy/segformer_mit-b0_toy-cityscapes.py'
 NO_TOKENIZER_WEIGHTS = 'custom_hooks.0.tokenizer.init_cfg=None'
@@ -255,8 +256,9 @@ def test_missing_tokenizer_checkpoint_names_the_fix(in_repo):
 # -- end to end ----------------------------------------------------------------------------------
 
 def _short(iters: int, ckpt: int = 0) -> list:
+    """A few training iterations, no validation, a random tokenizer of the config's arch."""
     return ['--cfg-options', NO_TOKENIZER_WEIGHTS, f'train_cfg.max_iters={iters}',
-            f'train_cfg.val_interval={iters}', f'default_hooks.checkpoint.interval={ckpt or iters}',
+            'train_cfg.val_begin=1000', f'default_hooks.checkpoint.interval={ckpt or iters}',
             'default_hooks.logger.interval=1', 'train_dataloader.batch_size=2',
             'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False',
             'val_dataloader.num_workers=0', 'val_dataloader.persistent_workers=False']
@@ -269,9 +271,9 @@ def _dat_log_lines(log: str) -> list:
 @pytest.mark.slow
 def test_detector_trains_with_dat_and_resumes(toy_data, tmp_path):
     work = tmp_path / 'dat'
-    proc = run_tool('train.py', DET_DAT, '--work-dir', work, *_short(2, ckpt=1))
+    proc = run_tool('train.py', R18_DAT, '--work-dir', work, *_short(2, ckpt=1))
     assert len(_dat_log_lines(proc.stdout + proc.stderr)) == 2
-    proc = run_tool('train.py', DET_DAT, '--work-dir', work, '--resume', *_short(3, ckpt=1))
+    proc = run_tool('train.py', R18_DAT, '--work-dir', work, '--resume', *_short(3, ckpt=1))
     assert safe_load(str(work / 'iter_3.pth'))['meta']['iter'] == 3
     assert len(_dat_log_lines(proc.stdout + proc.stderr)) == 1
     # the checkpoint holds the detector only (the tokenizer is the hook's, not the model's)

@@ -1,4 +1,4 @@
-# Dr-ViT's small VQ tokenizer (f16, 1 res block per level, 64 filters) trained on the toy COCO
+# A small f16 VQ tokenizer (1 res block per level, 32 filters; ./_base_/) trained on the toy COCO
 # images, unlabelled: `python tools/train_vq.py configs/tokenizers/vq-small-f16_toy-coco.py`.
 # A few minutes on a CPU; the result (work_dirs/vq-small-f16_toy-coco/tokenizer.pth) is what the
 # toy DAT configs load.

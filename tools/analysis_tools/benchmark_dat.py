@@ -7,7 +7,8 @@ Times a full training step (`model.train_step`: preprocessing, forward, backward
 the config without the hook, with `DATHook(mode='replace')` and with `mode='append'`, each in
 its own process on the same batches, and splits the DAT steps into the tokenizer's round trips,
 the attack's forward/backward and the rest. Peak memory is `torch.cuda.max_memory_allocated` on
-a GPU and the growth of the process's peak RSS over the timed steps on a CPU. The tokenizer is
+a GPU and, on a CPU, the process's peak RSS above what it held after its imports (model,
+optimizer state, batches and activations, as the GPU figure). The tokenizer is
 the config's hook tokenizer; without its checkpoint it runs with random weights (same cost).
 Compare the ratios, not milliseconds across runs: this machine kind is noisy.
 """
@@ -56,6 +57,7 @@ def _measure(config: str, mode: str, args: argparse.Namespace, queue: mp.Queue) 
     from mmrobust.engine import DATHook
 
     torch.set_num_threads(args.threads)
+    rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # after the imports
     cfg = Config.fromfile(config)
     init_default_scope(cfg.default_scope)
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
@@ -85,7 +87,6 @@ def _measure(config: str, mode: str, args: argparse.Namespace, queue: mp.Queue) 
         timers = dict(tokenizer=_Timer(hook, 'quantize'), attack=_Timer(hook, 'input_gradient'))
 
     times: List[float] = []
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if device == 'cuda':
         torch.cuda.reset_peak_memory_stats()
     for i, batch in enumerate(batches):
@@ -101,7 +102,7 @@ def _measure(config: str, mode: str, args: argparse.Namespace, queue: mp.Queue) 
         if i >= args.warmup:
             times.append(time.perf_counter() - start)
     peak_mb = (torch.cuda.max_memory_allocated() / 2**20 if device == 'cuda' else
-               (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024)
+               (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_start) / 1024)
     row = dict(mode=mode, ms=1000 * statistics.median(times), peak_mb=peak_mb)
     if timers:
         total = sum(times)

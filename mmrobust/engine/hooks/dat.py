@@ -25,12 +25,12 @@ from typing import Dict, Iterator, List, Optional, Tuple, Union
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmengine.dist import get_rank
 from mmengine.hooks import Hook
 from mmengine.logging import MessageHub, print_log
 from mmengine.model import is_model_wrapper
 
+from ...models.tokenizers import quantize_images
 from ...registry import HOOKS, MODELS
 
 __all__ = ['DATHook', 'PixelSpace']
@@ -240,13 +240,8 @@ class DATHook(Hook):
 
     # -- the attack ----------------------------------------------------------------------------
     def quantize(self, pixels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(Q(pixels), codes) of RGB [0, 1] images, padded to the tokenizer's factor."""
-        f = self.tokenizer.factor
-        h, w = pixels.shape[-2:]
-        ph, pw = -h % f, -w % f
-        padded = F.pad(pixels, (0, pw, 0, ph), mode='replicate') if ph or pw else pixels
-        codes = self.tokenizer.encode(padded)
-        return self.tokenizer.decode(codes)[..., :h, :w], codes
+        """(Q(pixels), codes) of RGB [0, 1] images."""
+        return quantize_images(self.tokenizer, pixels)
 
     def input_gradient(self, x: torch.Tensor, data_samples: list) -> Tuple[torch.Tensor, float]:
         """(∇ₓ L(x, y) of the model's total training loss, L) without side effects."""

@@ -1,5 +1,5 @@
 from .checkpoint import load_tokenizer_checkpoint
-from .vqgan import VQGAN, VQGAN_ARCHS, VectorQuantizer, checkpoint_filter_fn
+from .vqgan import VQGAN, VQGAN_ARCHS, VectorQuantizer, checkpoint_filter_fn, quantize_images
 
 __all__ = ['VQGAN', 'VQGAN_ARCHS', 'VectorQuantizer', 'checkpoint_filter_fn',
-           'load_tokenizer_checkpoint']
+           'load_tokenizer_checkpoint', 'quantize_images']

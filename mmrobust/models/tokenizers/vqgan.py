@@ -347,6 +347,18 @@ class VQGAN(BaseModule):
         return (rec + 1) / 2, vq_loss, indices
 
 
+def quantize_images(tokenizer: nn.Module, pixels: torch.Tensor
+                    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(Q(pixels), codes) of [0, 1] RGB images of any size, for any tokenizer with ``encode``,
+    ``decode`` and ``factor``: replicate-padded to a multiple of the factor, cropped back."""
+    f = tokenizer.factor
+    h, w = pixels.shape[-2:]
+    ph, pw = -h % f, -w % f
+    padded = F.pad(pixels, (0, pw, 0, ph), mode='replicate') if ph or pw else pixels
+    codes = tokenizer.encode(padded)
+    return tokenizer.decode(codes)[..., :h, :w], codes
+
+
 # ----------------------------------------------------------------------------------------------
 # checkpoints and variants
 # ----------------------------------------------------------------------------------------------
