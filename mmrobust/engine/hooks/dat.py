@@ -132,8 +132,10 @@ class DATHook(Hook):
             makes the same choices.
         channel_order: of the preprocessed batch; ``'auto'`` reads the preprocessor's flip.
         pixel_max: the raw pixel range the preprocessor's mean/std refer to.
-        log_interval: iterations between attack statistics in the message hub (they appear in
-            the training log as ``dat_loss``, ``dat_delta``, ``dat_codes_changed``).
+        log_interval: iterations between attack statistics in the message hub; they appear in
+            the training log as ``dat_loss`` (the loss at x̂), ``dat_delta`` (‖δ‖₂),
+            ``dat_codes_changed`` (fraction of codes the attack flips) and ``dat_adv_l1``
+            (mean |x_adv - x| in [0, 1] pixels).
     """
 
     priority = 'NORMAL'
