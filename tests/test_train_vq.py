@@ -35,9 +35,9 @@ def test_train_vq_runs_resumes_and_loads(toy_data, tmp_path):
     assert json.loads((work / 'eval.json').read_text())['iters'] == 6
     state = torch.load(work / 'latest_state.pth', weights_only=True)
     assert state['iter'] == 6
-    arch = dict(ch=32, ch_mult=(1, 2, 2, 2, 2), num_res_blocks=1, attn_resolutions=(),
-                resolution=256, z_channels=256, embed_dim=256, n_embed=32)
-    model = VQGAN(arch, checkpoint=str(work / 'tokenizer.pth'))
+    cfg = Config.fromfile(str(REPO / CONFIG))
+    cfg.merge_from_dict({'model.arch.ch': 32, 'model.arch.n_embed': 32})  # as SMALL
+    model = VQGAN(cfg.model.arch, checkpoint=str(work / 'tokenizer.pth'))
     assert torch.equal(model.quantize.embedding.weight, state['model']['quantize.embedding.weight'])
 
 
