@@ -83,6 +83,11 @@ def test_fourier_and_masking_tools_on_the_toy_detector(trained_toy_detector, tmp
     data = json.loads((out / 'fourier.json').read_text())
     assert set(data['settings']) == {'clean'} | {f'fourier:{u},{v}' for u, v in frequency_grid(3)}
     assert (out / 'fourier.png').is_file()
+    matrix = np.load(out / 'fourier_heatmap.npy')
+    clean = data['settings']['clean']['coco/bbox_mAP']
+    assert matrix.shape == (3, 3) and not np.isnan(matrix).any()
+    np.testing.assert_allclose(matrix, matrix[::-1, ::-1])  # (u, v) ~ (-u, -v)
+    np.testing.assert_allclose(matrix[2, 1], clean - data['settings']['fourier:1,0']['coco/bbox_mAP'])
     # a rerun resumes: nothing is evaluated again
     proc = run_tool('analysis_tools/perturbation_analysis.py', 'fourier', *common, '--grid', '3',
                     '--eps', '20', '--out-dir', out)

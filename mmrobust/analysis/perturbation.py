@@ -21,7 +21,7 @@ from ..engine.hooks.dat import PixelSpace, valid_mask
 
 __all__ = ['fourier_basis', 'frequency_grid', 'fourier_perturb', 'patch_mask',
            'perturbed_preprocessor', 'PerturbationStudy', 'mirror_heatmap', 'open_study',
-           'plot_heatmaps', 'plot_masking']
+           'heatmap_matrix', 'plot_heatmaps', 'plot_masking']
 
 Perturb = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
@@ -245,6 +245,16 @@ def main_metric(settings: Dict[str, Dict[str, float]], metric: Optional[str] = N
     return next((k for k in PREFERRED_METRICS if k in keys), next(iter(keys), ''))
 
 
+def heatmap_matrix(data: Dict, metric: Optional[str] = None) -> np.ndarray:
+    """The full (grid × grid) matrix of ``metric``'s drop from clean of a Fourier study's results
+    (row u + grid // 2, column v + grid // 2); NaN where a setting was not evaluated yet."""
+    settings = data['settings']
+    key = main_metric(settings, metric)
+    drops = {tuple(int(t) for t in k.split(':')[1].split(',')): settings['clean'][key] - m[key]
+             for k, m in settings.items() if k.startswith('fourier:')}
+    return mirror_heatmap(drops, data['identity']['grid'])
+
+
 def plot_heatmaps(results: Dict[str, Dict], path: str, metric: Optional[str] = None) -> str:
     """One heatmap per model (label → results JSON): the drop of ``metric`` from clean."""
     import matplotlib
@@ -255,12 +265,8 @@ def plot_heatmaps(results: Dict[str, Dict], path: str, metric: Optional[str] = N
     for ax, (label, data) in zip(axes[0], results.items()):
         settings = data['settings']
         key = main_metric(settings, metric)
-        size = data['identity']['grid']
-        drops = {tuple(int(t) for t in k.split(':')[1].split(',')):
-                 settings['clean'][key] - m[key]
-                 for k, m in settings.items() if k.startswith('fourier:')}
-        r = size // 2
-        im = ax.imshow(mirror_heatmap(drops, size), cmap='jet',
+        r = data['identity']['grid'] // 2
+        im = ax.imshow(heatmap_matrix(data, key), cmap='jet',
                        extent=(-r - .5, r + .5, r + .5, -r - .5))
         ax.set_title(f'{label}\n{key} drop (clean {settings["clean"][key]:.3f})', fontsize=9)
         ax.set_xlabel('v (cycles / image)')

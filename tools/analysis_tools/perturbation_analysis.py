@@ -11,15 +11,17 @@ basis image, random sign per channel) in [0, 1] pixels; half of the centred grid
 (the other half is the same image) and the heatmap shows the drop from the clean score.
 Masking: exactly round(ratio · n) of each image's patches are filled with the dataset mean.
 Results go to <out-dir>/<analysis>.json after every setting (a rerun resumes), the figure next
-to it; --compare adds other runs' JSON files to the figure.
+to it (and for Fourier the heatmap matrix as fourier_heatmap.npy); --compare adds other runs'
+JSON files to the figure.
 """
 import argparse
 import json
 import os.path as osp
 
+import numpy as np
 from mmengine.config import DictAction
 
-from mmrobust.analysis import open_study, plot_heatmaps, plot_masking
+from mmrobust.analysis import heatmap_matrix, open_study, plot_heatmaps, plot_masking
 from mmrobust.utils import explain_registry_errors
 
 
@@ -67,6 +69,12 @@ def main() -> None:
     plot = plot_heatmaps if args.analysis == 'fourier' else plot_masking
     figure = plot(results, osp.join(args.out_dir, f'{args.analysis}.png'), args.metric)
     print(f'results: {path}\nfigure: {figure}')
+    if args.analysis == 'fourier':
+        # The heatmap as a plain matrix too, for users who plot or compare it themselves.
+        matrix = osp.join(args.out_dir, 'fourier_heatmap.npy')
+        np.save(matrix, heatmap_matrix(study.data, args.metric))
+        print(f'heatmap matrix (metric drop, row u + {args.grid // 2}, column v + '
+              f'{args.grid // 2}): {matrix}')
 
 
 if __name__ == '__main__':
