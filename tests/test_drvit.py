@@ -175,3 +175,7 @@ def test_tokenizer_checkpoint_loads_at_init(tmp_path):
                        trained.quantize.embedding.weight)
     assert not model.tokenizer.training and not any(
         p.requires_grad for p in model.tokenizer.parameters())
+    # a missing tokenizer file says what to run
+    missing = dict(TOKENIZER, init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'no.pth')))
+    with pytest.raises(FileNotFoundError, match=r'no\.pth.*tools/train_vq\.py'):
+        _build('small', tokenizer=missing)

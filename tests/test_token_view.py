@@ -50,13 +50,23 @@ def test_token_view_writes_grids_and_numbers(tokenizer, tmp_path):
         token_view(tokenizer, images, str(tmp_path), ['rain'], progress=False)
 
 
-def test_load_tokenizer_needs_weights_and_a_tokenizer(tmp_path):
+def test_load_tokenizer_needs_weights_and_a_tokenizer(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match='--checkpoint'):
         load_tokenizer('small_f16')
     with pytest.raises(FileNotFoundError, match='neither a VQGAN arch'):
         load_tokenizer('f32_nothing')
     with pytest.raises(ValueError, match='no VQGAN `model`'):
         load_tokenizer(str(REPO / 'configs/toy/mask-rcnn_r18_fpn_toy-coco.py'))
+    # a tokenizer config without init_cfg: train_vq's default output, when it exists
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / 'tok.py').write_text(f'model = dict(type="VQGAN", arch={ARCH!r})\n')
+    with pytest.raises(ValueError, match='work_dirs/<config>/tokenizer.pth'):
+        load_tokenizer('tok.py')
+    trained = VQGAN(ARCH)
+    (tmp_path / 'work_dirs' / 'tok').mkdir(parents=True)
+    torch.save(trained.state_dict(), tmp_path / 'work_dirs' / 'tok' / 'tokenizer.pth')
+    loaded = load_tokenizer('tok.py')
+    assert torch.equal(loaded.quantize.embedding.weight, trained.quantize.embedding.weight)
     bad = tmp_path / 'broken.jpg'
     bad.write_bytes(b'\xff\xd8 not really')
     with pytest.raises(ValueError, match='cannot read image'):

@@ -176,3 +176,26 @@ def test_vq_loss_and_straight_through_gradients():
     assert model.decoder.conv_out.weight.grad.abs().sum() > 0
     used = model.quantize.embedding.weight.grad.abs().sum(1) > 0
     assert torch.equal(used, torch.bincount(codes.flatten(), minlength=16) > 0)
+
+
+def test_batchnorm_variant_and_norm_errors(tmp_path):
+    arch = dict(VQGAN_ARCHS['small_f16'], ch=16, n_embed=16, norm='batch')
+    model = VQGAN(arch).train()
+    norms = [m for m in model.modules() if isinstance(m, (torch.nn.GroupNorm, torch.nn.BatchNorm2d))]
+    assert norms and all(isinstance(m, torch.nn.BatchNorm2d) for m in norms)
+    x = torch.rand(4, 3, 32, 32)
+    model(x)  # training updates the running statistics ...
+    model.eval()
+    # ... and in eval mode an image's codes do not depend on the rest of the batch
+    assert torch.equal(model.encode(x)[:1], model.encode(x[:1]))
+    torch.save(model.state_dict(), tmp_path / 'bn.pth')
+    loaded = VQGAN(arch, checkpoint=str(tmp_path / 'bn.pth')).eval()
+    assert torch.equal(loaded.encode(x), model.encode(x))
+    # a GroupNorm checkpoint does not load into the BatchNorm model: the keys are listed
+    torch.save(VQGAN(dict(arch, norm='group')).state_dict(), tmp_path / 'gn.pth')
+    with pytest.raises(CheckpointMismatchError, match='running_mean'):
+        VQGAN(arch, checkpoint=str(tmp_path / 'gn.pth'))
+    with pytest.raises(ValueError, match="norm must be one of"):
+        VQGAN(dict(arch, norm='layer'))
+    with pytest.raises(KeyError, match="valid: .*'norm'"):
+        VQGAN(dict(arch, norms='batch'))

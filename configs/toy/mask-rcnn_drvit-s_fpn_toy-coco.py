@@ -1,5 +1,6 @@
-# Mask R-CNN with a Dr-ViT-S backbone on mmrobust's toy COCO, from scratch with a random
-# tokenizer: the CPU-sized version of configs/drvit/mask-rcnn_drvit-s_fpn_1x_coco.py.
+# Mask R-CNN with a Dr-ViT-S backbone on mmrobust's toy COCO, from scratch on the toy tokenizer
+# (train it first: python tools/train_vq.py configs/tokenizers/vq-small-f16_toy-coco.py): the
+# CPU-sized version of configs/drvit/mask-rcnn_drvit-s_fpn_1x_coco.py.
 _base_ = ['./mask-rcnn_r18_fpn_toy-coco.py', '../drvit/_base_/drvit-s.py']
 
 model = dict(

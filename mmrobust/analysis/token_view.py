@@ -23,7 +23,8 @@ __all__ = ['load_tokenizer', 'read_rgb', 'token_view', 'plot_code_changes']
 
 def load_tokenizer(spec: str, checkpoint: Optional[str] = None) -> nn.Module:
     """A frozen VQGAN from an arch name of ``VQGAN_ARCHS`` or a tokenizer config (the ``model``
-    of a ``tools/train_vq.py`` config), with ``checkpoint`` (or the config's ``init_cfg``)."""
+    of a ``tools/train_vq.py`` config), with ``checkpoint`` (or the config's ``init_cfg``, or
+    the ``work_dirs/<config>/tokenizer.pth`` that ``tools/train_vq.py`` writes by default)."""
     if spec in VQGAN_ARCHS:
         model = VQGAN(arch=spec)
     elif osp.isfile(spec):
@@ -38,6 +39,9 @@ def load_tokenizer(spec: str, checkpoint: Optional[str] = None) -> nn.Module:
         if checkpoint is None and kwargs.get('init_cfg'):
             model.init_weights()
             checkpoint = kwargs['init_cfg'].get('checkpoint')
+        default = osp.join('work_dirs', osp.splitext(osp.basename(spec))[0], 'tokenizer.pth')
+        if checkpoint is None and osp.isfile(default):
+            checkpoint = default  # what `tools/train_vq.py CONFIG` writes by default
     else:
         raise FileNotFoundError(f'{spec} is neither a VQGAN arch ({", ".join(VQGAN_ARCHS)}) nor '
                                 'a tokenizer config file')
@@ -45,7 +49,9 @@ def load_tokenizer(spec: str, checkpoint: Optional[str] = None) -> nn.Module:
         model.load_checkpoint(checkpoint)
     else:
         raise ValueError('no tokenizer weights: pass --checkpoint (a taming / latent-diffusion '
-                         '.ckpt, or the tokenizer.pth that tools/train_vq.py writes)')
+                         '.ckpt, or the tokenizer.pth that tools/train_vq.py writes; for a '
+                         'tokenizer config its default work_dirs/<config>/tokenizer.pth is used '
+                         'when it exists)')
     return model.eval().requires_grad_(False)
 
 

@@ -3,8 +3,9 @@
 Dr-ViT's stage 1 and the discretizer of DAT. The images come without labels from the dataset of
 a detection or segmentation config; the loss is the standard VQ-VAE loss (reconstruction +
 ``|sg[z] - e|^2 + beta |z - sg[e]|^2``, straight-through), optionally with a PatchGAN term.
-Codebook usage is tracked (perplexity, used codes) and dead codes are re-initialised from
-encoder outputs. Reconstruction previews and checkpoints are written to the work dir; the
+The codebook is learned by that loss or, with ``codebook_ema``, updated by exponential moving
+averages. Codebook usage is tracked (perplexity, used codes) and dead codes are re-initialised
+from encoder outputs. Reconstruction previews and checkpoints are written to the work dir; the
 checkpoint is a plain state dict that ``VQGAN(checkpoint=...)`` loads strictly.
 """
 import json
@@ -13,7 +14,7 @@ import os
 import os.path as osp
 import random
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import cv2
 import numpy as np
@@ -30,12 +31,27 @@ from ..registry import MODELS
 
 
 class ImageCrops(torch.utils.data.Dataset):
-    """Random (train) or centre (eval) square crops, in [0, 1] RGB, of a dataset's images."""
+    """Square crops, in [0, 1] RGB, of a dataset's images at about the scale models see them.
 
-    def __init__(self, paths: List[str], size: int, train: bool) -> None:
+    Training crops: the image rescaled by a random factor of ``scale_range`` (relative to its
+    file's size), a random position, a random horizontal flip. Evaluation crops
+    (``train=False``): rescaled by the middle of ``scale_range``, central. An image smaller than
+    the crop at that scale is enlarged to fit.
+
+    NOTE: the crops keep the image's own scale rather than shrinking the whole image to the crop
+    size: a tokenizer trained on thumbnails learns far denser detail than it meets on the
+    full-size images that detectors and DAT feed it.
+    """
+
+    def __init__(self, paths: List[str], size: int, train: bool,
+                 scale_range: Sequence[float] = (0.5, 1.0)) -> None:
         if not paths:
             raise FileNotFoundError('the dataset has no images')
+        if len(scale_range) != 2 or not 0 < scale_range[0] <= scale_range[1]:
+            raise ValueError(f'scale_range must be (low, high) with 0 < low <= high, got '
+                             f'{scale_range}')
         self.paths, self.size, self.train = paths, size, train
+        self.scale_range = tuple(float(s) for s in scale_range)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -46,11 +62,13 @@ class ImageCrops(torch.utils.data.Dataset):
             raise OSError(f'cannot read image {self.paths[index]}')
         img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
         h, w = img.shape[:2]
-        scale = self.size / min(h, w)
-        if self.train:  # NOTE: a random zoom in [1, 2] of the shorter side adds scale variety
-            scale *= random.uniform(1.0, 2.0)
-        img = cv2.resize(img, (max(self.size, round(w * scale)), max(self.size, round(h * scale))),
-                         interpolation=cv2.INTER_AREA)
+        low, high = self.scale_range
+        scale = random.uniform(low, high) if self.train else (low + high) / 2
+        scale = max(scale, self.size / min(h, w))
+        if scale != 1:
+            img = cv2.resize(img, (max(self.size, round(w * scale)),
+                                   max(self.size, round(h * scale))),
+                             interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR)
         h, w = img.shape[:2]
         top = random.randint(0, h - self.size) if self.train else (h - self.size) // 2
         left = random.randint(0, w - self.size) if self.train else (w - self.size) // 2
@@ -125,10 +143,53 @@ def code_stats(counts: torch.Tensor) -> Dict[str, float]:
 # training
 # ----------------------------------------------------------------------------------------------
 
-DEFAULTS = dict(iters=1000, batch_size=8, crop_size=128, lr=2e-4, weight_decay=0.0,
-                num_workers=2, recon_loss='l1', gan_weight=0.0, gan_start=0,
-                dead_code_interval=100, log_interval=20, preview_interval=200,
-                checkpoint_interval=500, eval_images=16, seed=0)
+DEFAULTS = dict(iters=1000, batch_size=8, crop_size=128, scale_range=(0.5, 1.0),
+                eval_crop_size=None, lr=2e-4, lr_schedule='constant', betas=(0.5, 0.9),
+                weight_decay=0.0, num_workers=2, recon_loss='l1', codebook_ema=0.0,
+                gan_weight=0.0, gan_start=0, dead_code_interval=100, log_interval=20,
+                preview_interval=200, checkpoint_interval=500, eval_images=16, seed=0)
+
+
+class CodebookEMA:
+    """The VQ-VAE codebook update by exponential moving averages (van den Oord et al. 2017,
+    appendix; VQ-VAE-2) instead of the loss ``|sg[z] - e|^2``: each code becomes the running
+    mean of the latents assigned to it. The codes then follow a fast-moving encoder at once,
+    where Adam moves them by about one learning rate per step."""
+
+    def __init__(self, codebook: torch.Tensor, decay: float, eps: float = 1e-5) -> None:
+        if not 0 < decay < 1:
+            raise ValueError(f'codebook_ema must be in (0, 1) (or 0 to learn the codebook by '
+                             f'the loss), got {decay}')
+        self.codebook, self.decay, self.eps = codebook, decay, eps
+        self.cluster_size = torch.ones(len(codebook))
+        self.embed_sum = codebook.detach().clone()
+
+    @torch.no_grad()
+    def update(self, z: torch.Tensor, codes: torch.Tensor) -> None:
+        """One step from latents z (B, D, H, W) and their codes (B, H, W)."""
+        flat = z.detach().float().permute(0, 2, 3, 1).reshape(-1, z.shape[1])
+        idx = codes.flatten()
+        counts = torch.bincount(idx, minlength=len(self.codebook)).float()
+        sums = torch.zeros_like(self.embed_sum).index_add_(0, idx, flat)
+        self.cluster_size.mul_(self.decay).add_(counts, alpha=1 - self.decay)
+        self.embed_sum.mul_(self.decay).add_(sums, alpha=1 - self.decay)
+        # NOTE: Laplace smoothing, so codes that lose all their latents do not divide by ~0
+        n = self.cluster_size.sum()
+        size = (self.cluster_size + self.eps) / (n + len(self.codebook) * self.eps) * n
+        self.codebook.copy_(self.embed_sum / size[:, None])
+
+    @torch.no_grad()
+    def reset(self, index: torch.Tensor, vectors: torch.Tensor) -> None:
+        """Restart codes ``index`` at ``vectors`` (dead-code re-initialisation)."""
+        self.codebook[index] = vectors
+        self.embed_sum[index] = vectors
+        self.cluster_size[index] = 1.0
+
+    def state_dict(self) -> Dict[str, torch.Tensor]:
+        return {'cluster_size': self.cluster_size, 'embed_sum': self.embed_sum}
+
+    def load_state_dict(self, state: Dict[str, torch.Tensor]) -> None:
+        self.cluster_size, self.embed_sum = state['cluster_size'], state['embed_sum']
 
 
 def _atomic_save(obj, path: str) -> None:
@@ -164,35 +225,59 @@ def train_vq(cfg: Config, work_dir: str, resume: bool = False) -> Dict[str, floa
     unknown = set(cfg.get('train', {})) - set(DEFAULTS)
     if unknown:
         raise KeyError(f'unknown train options {sorted(unknown)}; valid: {sorted(DEFAULTS)}')
+    for key, choices in (('recon_loss', ('l1', 'mse')), ('lr_schedule', ('constant', 'cosine'))):
+        if opts[key] not in choices:
+            raise ValueError(f'train.{key} must be one of {choices}, got {opts[key]!r}')
     random.seed(opts['seed'])
     torch.manual_seed(opts['seed'])
     os.makedirs(osp.join(work_dir, 'previews'), exist_ok=True)
     data = cfg['data']
+    model = MODELS.build(cfg['model']).train()
+    eval_crop = opts['eval_crop_size'] or opts['crop_size']
+    for key, size in (('crop_size', opts['crop_size']), ('eval_crop_size', eval_crop)):
+        if size % model.factor:
+            raise ValueError(f'{key} {size} must be a multiple of the tokenizer factor '
+                             f'{model.factor}')
     train_set = ImageCrops(dataset_image_paths(data['config'], data.get('train', 'train_dataloader')),
-                           opts['crop_size'], train=True)
+                           opts['crop_size'], train=True, scale_range=opts['scale_range'])
     eval_paths = dataset_image_paths(data['config'], data.get('val', 'val_dataloader'))
-    eval_set = ImageCrops(eval_paths[:opts['eval_images']], opts['crop_size'], train=False)
+    eval_set = ImageCrops(eval_paths[:opts['eval_images']], eval_crop, train=False,
+                          scale_range=opts['scale_range'])
     eval_images = torch.stack([eval_set[i] for i in range(len(eval_set))])
 
-    model = MODELS.build(cfg['model']).train()
-    if opts['crop_size'] % model.factor:
-        raise ValueError(f"crop_size {opts['crop_size']} must be a multiple of {model.factor}")
-    optimizer = torch.optim.Adam(model.parameters(), lr=opts['lr'], betas=(0.5, 0.9),
+    codebook = model.quantize.embedding.weight
+    ema = CodebookEMA(codebook.data, opts['codebook_ema']) if opts['codebook_ema'] else None
+    # NOTE: with the EMA update the codebook is not the optimiser's (its loss gradient is unused)
+    optimizer = torch.optim.Adam([p for p in model.parameters() if ema is None or p is not codebook],
+                                 lr=opts['lr'], betas=tuple(opts['betas']),
                                  weight_decay=opts['weight_decay'])
+    total = max(opts['iters'], 1)
+    # NOTE: a function of the iteration alone, so a resumed run continues the same curve
+    lr_at = ((lambda i: 0.5 * (1 + math.cos(math.pi * min(i, total) / total)))
+             if opts['lr_schedule'] == 'cosine' else (lambda i: 1.0))
+    latents = {}
+    if ema is not None:
+        model.quantize.register_forward_hook(lambda mod, args, out: latents.update(z=args[0]))
     disc = disc_opt = None
     if opts['gan_weight'] > 0:
         disc = PatchDiscriminator()
-        disc_opt = torch.optim.Adam(disc.parameters(), lr=opts['lr'], betas=(0.5, 0.9))
+        disc_opt = torch.optim.Adam(disc.parameters(), lr=opts['lr'], betas=tuple(opts['betas']))
     state_path = osp.join(work_dir, 'latest_state.pth')
     start = 0
     if resume and osp.isfile(state_path):
         from ..utils import safe_load
         state = safe_load(state_path)
+        if (ema is None) != ('codebook_ema' not in state):
+            raise KeyError(f"{state_path} was trained {'with' if ema is None else 'without'} "
+                           'codebook_ema; resume with the same train options or start a new work '
+                           'dir')
         model.load_state_dict(state['model'])
         optimizer.load_state_dict(state['optimizer'])
         if disc is not None and 'disc' in state:
             disc.load_state_dict(state['disc'])
             disc_opt.load_state_dict(state['disc_opt'])
+        if ema is not None:
+            ema.load_state_dict(state['codebook_ema'])
         start = int(state['iter'])
 
     loader = torch.utils.data.DataLoader(
@@ -204,6 +289,7 @@ def train_vq(cfg: Config, work_dir: str, resume: bool = False) -> Dict[str, floa
     from tqdm import tqdm
     bar = tqdm(total=opts['iters'], initial=start, unit='it', desc='train_vq', dynamic_ncols=True)
     it, t0 = start, time.time()
+    shown: Dict[str, float] = {}  # the latest evaluation, for the progress bar
     while it < opts['iters']:
         for images in loader:
             if it >= opts['iters']:
@@ -212,7 +298,12 @@ def train_vq(cfg: Config, work_dir: str, resume: bool = False) -> Dict[str, floa
                 with torch.no_grad():
                     z = model.encode_latent(images).permute(0, 2, 3, 1).reshape(-1, model.embed_dim)
                     pick = z[torch.randint(len(z), (model.n_embed, ))]
-                    model.quantize.embedding.weight.copy_(pick + 1e-3 * torch.randn_like(pick))
+                    codebook.copy_(pick + 1e-3 * torch.randn_like(pick))
+                    if ema is not None:
+                        ema.reset(torch.arange(model.n_embed), codebook.detach().clone())
+            for opt in (optimizer, disc_opt):
+                for group in opt.param_groups if opt is not None else []:
+                    group['lr'] = opts['lr'] * lr_at(it)
             recon, vq_loss, codes = model(images)
             loss = recon_fn(recon, images) + vq_loss
             gan_loss = torch.zeros(())
@@ -222,6 +313,8 @@ def train_vq(cfg: Config, work_dir: str, resume: bool = False) -> Dict[str, floa
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            if ema is not None:
+                ema.update(latents['z'], codes)
             if disc is not None and it >= opts['gan_start']:
                 d_loss = F.relu(1 - disc(images)).mean() + F.relu(1 + disc(recon.detach())).mean()
                 disc_opt.zero_grad(set_to_none=True)
@@ -230,34 +323,47 @@ def train_vq(cfg: Config, work_dir: str, resume: bool = False) -> Dict[str, floa
             usage += torch.bincount(codes.flatten(), minlength=model.n_embed)
             it += 1
             bar.update(1)
+            record = {}
             if opts['dead_code_interval'] and it % opts['dead_code_interval'] == 0:
                 dead = (usage == 0).nonzero().flatten()
                 if len(dead):  # NOTE: restart unused codes at current encoder outputs
                     with torch.no_grad():
                         z = model.encode_latent(images).permute(0, 2, 3, 1).reshape(
                             -1, model.embed_dim)
-                        pick = z[torch.randint(len(z), (len(dead), ))]
-                        model.quantize.embedding.weight[dead] = pick + 1e-3 * torch.randn_like(pick)
+                        pick = z[torch.randint(len(z), (len(dead), ))] + 1e-3 * torch.randn(
+                            len(dead), model.embed_dim)
+                        codebook[dead] = pick
+                        if ema is not None:
+                            ema.reset(dead, pick)
                 stats = code_stats(usage)
                 usage.zero_()
-                record = {'iter': it, 'loss': loss.item(), 'vq_loss': vq_loss.item(),
-                          'gan_loss': gan_loss.item(), 'dead_codes_reset': int(len(dead)),
-                          **{f'window_{k}': v for k, v in stats.items()}}
-                with open(log_path, 'a') as f:
-                    f.write(json.dumps(record) + '\n')
-            if it % opts['log_interval'] == 0:
-                bar.set_postfix(loss=f'{loss.item():.4f}', vq=f'{vq_loss.item():.4f}')
+                record.update({'loss': loss.item(), 'vq_loss': vq_loss.item(),
+                               'gan_loss': gan_loss.item(), 'dead_codes_reset': int(len(dead)),
+                               **{f'window_{k}': v for k, v in stats.items()}})
             if opts['preview_interval'] and it % opts['preview_interval'] == 0:
+                # the held-out PSNR as training goes, next to a preview of what it looks like
+                record.update({f'eval_{k}': v for k, v in evaluate(model, eval_images).items()
+                               if not k.startswith('psnr_')})
                 with torch.no_grad():
                     model.eval()
                     _preview(eval_images, model.reconstruct(eval_images[:8]),
                              osp.join(work_dir, 'previews', f'iter_{it:06d}.png'))
                     model.train()
+            if record:
+                with open(log_path, 'a') as f:
+                    f.write(json.dumps({'iter': it, **record}) + '\n')
+            shown.update(record)
+            if it % opts['log_interval'] == 0:
+                bar.set_postfix(loss=f'{loss.item():.4f}', vq=f'{vq_loss.item():.4f}',
+                                **{k: f'{shown[k]:.4g}' for k in ('eval_psnr', 'eval_used_codes')
+                                   if k in shown})
             if it % opts['checkpoint_interval'] == 0 or it == opts['iters']:
                 state = {'model': model.state_dict(), 'optimizer': optimizer.state_dict(),
                          'iter': it}
                 if disc is not None:
                     state.update(disc=disc.state_dict(), disc_opt=disc_opt.state_dict())
+                if ema is not None:
+                    state['codebook_ema'] = ema.state_dict()
                 _atomic_save(state, state_path)
                 _atomic_save(model.state_dict(), osp.join(work_dir, 'tokenizer.pth'))
     bar.close()

@@ -3,6 +3,7 @@
 # vqgan_imagenet_f16_1024.ckpt under checkpoints/; its Lightning file loads safely) or your own
 # from tools/train_vq.py. Transformer: a timm / DeiT ViT-S checkpoint, or train from scratch
 # with --cfg-options model.backbone.init_cfg=None.
+_base_ = ['../../tokenizers/_base_/vq-small-f16-toy.py']
 _drvit = dict(_delete_=True, type='DrViT', arch='small')
 drvit_backbone = dict(
     **_drvit,
@@ -10,13 +11,13 @@ drvit_backbone = dict(
         type='Pretrained', checkpoint='checkpoints/vqgan_imagenet_f16_1024.ckpt')),
     drop_path_rate=0.1,
     init_cfg=dict(type='Pretrained', checkpoint='checkpoints/deit_small_patch16_224.pth'))
-# CPU-sized: a random small tokenizer (pass a trained one with --cfg-options
-# model.backbone.tokenizer.init_cfg.checkpoint=... and its arch), no pretrained transformer
+# CPU-sized: the project's toy tokenizer (train it first with
+# `python tools/train_vq.py configs/tokenizers/vq-small-f16_toy-coco.py`), no pretrained
+# transformer
 drvit_toy_backbone = dict(
     **_drvit,
-    tokenizer=dict(type='VQGAN', arch=dict(
-        ch=32, ch_mult=(1, 2, 2, 2, 2), num_res_blocks=1, attn_resolutions=(),
-        resolution=256, z_channels=256, embed_dim=256, n_embed=256)),
+    tokenizer=dict(type='VQGAN', arch={{_base_.toy_tokenizer_arch}}, init_cfg=dict(
+        type='Pretrained', checkpoint={{_base_.toy_tokenizer_checkpoint}})),
     drop_path_rate=0.0,
     init_cfg=None)
 drvit_channels = [96, 192, 384, 384]  # strides 4, 8, 16, 32

@@ -134,7 +134,9 @@ class DATHook(Hook):
         pixel_max: the raw pixel range the preprocessor's mean/std refer to.
         log_interval: iterations between attack statistics in the message hub; they appear in
             the training log as ``dat_loss`` (the loss at x̂), ``dat_delta`` (‖δ‖₂),
-            ``dat_codes_changed`` (fraction of codes the attack flips) and ``dat_adv_l1``
+            ``dat_codes_changed`` (fraction of x_adv's codes that differ from x's; with
+            ``requantize='reconstruction'`` this includes the tokenizer's own drift when it
+            re-encodes its reconstruction, Q(x̂) ≠ x̂'s codes) and ``dat_adv_l1``
             (mean |x_adv - x| in [0, 1] pixels).
     """
 
