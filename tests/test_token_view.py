@@ -46,6 +46,14 @@ def test_token_view_writes_grids_and_numbers(tokenizer, tmp_path):
     values = [v for per in saved['codes_changed'].values() for v in per.values()]
     assert all(0 <= v <= 1 for v in values)
     assert saved['codes_changed']['gaussian_noise']['5'] > 0  # heavy noise flips codes
+    # re-encoding the (8-bit) reconstruction, by hand: Q(Q(x)) against Q(x)
+    drift = []
+    for img in images.values():
+        x = torch.from_numpy(img).permute(2, 0, 1)[None].float() / 255
+        recon, codes = quantize_images(tokenizer, x)
+        recon = (recon.clamp(0, 1) * 255).round() / 255
+        drift.append(float((quantize_images(tokenizer, recon)[1] != codes).float().mean()))
+    assert saved['codes_changed_reencoding'] == pytest.approx(np.mean(drift))
     with pytest.raises(KeyError, match='unknown corruptions'):
         token_view(tokenizer, images, str(tmp_path), ['rain'], progress=False)
 

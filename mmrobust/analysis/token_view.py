@@ -99,7 +99,9 @@ def token_view(tokenizer: nn.Module, images: Dict[str, np.ndarray], out_dir: str
                corruptions: Sequence[str], severities: Sequence[int] = (1, 2, 3, 4, 5),
                show_severity: int = 3, seed: int = 0, progress: bool = True) -> Dict:
     """Writes ``<name>.png`` per image (top: inputs, bottom: reconstructions from codes; clean,
-    then each corruption at ``show_severity``) and ``token_view.json``; returns the numbers."""
+    then each corruption at ``show_severity``) and ``token_view.json``; returns the numbers:
+    reconstruction PSNR, the codes changed by each corruption and severity, and the codes
+    changed by re-encoding the clean reconstruction (``codes_changed_reencoding``)."""
     unknown = [c for c in corruptions if c not in CORRUPTIONS]
     if unknown:
         raise KeyError(f'unknown corruptions {unknown}; choose from {sorted(CORRUPTIONS)}')
@@ -107,6 +109,7 @@ def token_view(tokenizer: nn.Module, images: Dict[str, np.ndarray], out_dir: str
     changed: Dict[str, Dict[int, List[float]]] = {c: {s: [] for s in severities}
                                                   for c in corruptions}
     psnr_clean: List[float] = []
+    reencoded: List[float] = []
     psnr_corrupted: Dict[str, Dict[int, List[float]]] = {c: {s: [] for s in severities}
                                                          for c in corruptions}
     items = list(images.items())
@@ -116,6 +119,9 @@ def token_view(tokenizer: nn.Module, images: Dict[str, np.ndarray], out_dir: str
     for name, img in items:
         recon, codes = _round_trip(tokenizer, img)
         psnr_clean.append(_psnr(recon, img))
+        # NOTE: the tokenizer's own drift, Q(Q(x)) vs Q(x): the floor of what DAT's
+        # requantize='reconstruction' changes before any attack
+        reencoded.append(float((_round_trip(tokenizer, recon)[1] != codes).float().mean()))
         top, bottom = [_labelled(img, 'clean')], [_labelled(recon, 'from codes')]
         for c in corruptions:
             for s in severities:
@@ -132,6 +138,7 @@ def token_view(tokenizer: nn.Module, images: Dict[str, np.ndarray], out_dir: str
     result = dict(
         images=len(images), seed=seed, severities=list(severities),
         recon_psnr_clean=float(np.mean(psnr_clean)),
+        codes_changed_reencoding=float(np.mean(reencoded)),
         codes_changed={c: {str(s): float(np.mean(v)) for s, v in d.items()}
                        for c, d in changed.items()},
         recon_psnr_corrupted={c: {str(s): float(np.mean(v)) for s, v in d.items()}

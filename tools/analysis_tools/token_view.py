@@ -49,7 +49,9 @@ def main() -> None:
     result = token_view(tokenizer, images, args.out_dir, args.corruptions, args.severities,
                         args.show_severity, args.seed)
     plot = plot_code_changes(result, osp.join(args.out_dir, 'codes_changed.png'))
-    print(f"{len(images)} images, reconstruction PSNR {result['recon_psnr_clean']:.2f} dB (clean)")
+    print(f"{len(images)} images, reconstruction PSNR {result['recon_psnr_clean']:.2f} dB (clean); "
+          f"re-encoding the reconstruction changes {100 * result['codes_changed_reencoding']:.1f}% "
+          'of the codes')
     for c, per_sev in result['codes_changed'].items():
         print(f'{c:22s} codes changed: ' + ', '.join(f'{s}: {100 * v:.1f}%'
                                                    for s, v in per_sev.items()))
