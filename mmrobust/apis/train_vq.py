@@ -14,7 +14,7 @@ import os
 import os.path as osp
 import random
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import cv2
 import numpy as np
@@ -209,13 +209,14 @@ def _preview(originals: torch.Tensor, recons: torch.Tensor, path: str) -> None:
 
 
 @torch.no_grad()
-def evaluate(model, images: torch.Tensor) -> Dict[str, float]:
+def evaluate(model, images: torch.Tensor) -> Tuple[Dict[str, float], torch.Tensor]:
+    """(PSNR, perplexity and used codes, reconstructions) of held-out images."""
     model.eval()
     codes = model.encode(images)
     recon = model.decode(codes)
     counts = torch.bincount(codes.flatten(), minlength=model.n_embed)
     model.train()
-    return {'psnr': psnr(recon, images), **code_stats(counts), **baselines(images, model.factor)}
+    return {'psnr': psnr(recon, images), **code_stats(counts)}, recon
 
 
 def train_vq(cfg: Config, work_dir: str, resume: bool = False) -> Dict[str, float]:
@@ -342,13 +343,9 @@ def train_vq(cfg: Config, work_dir: str, resume: bool = False) -> Dict[str, floa
                                **{f'window_{k}': v for k, v in stats.items()}})
             if opts['preview_interval'] and it % opts['preview_interval'] == 0:
                 # the held-out PSNR as training goes, next to a preview of what it looks like
-                record.update({f'eval_{k}': v for k, v in evaluate(model, eval_images).items()
-                               if not k.startswith('psnr_')})
-                with torch.no_grad():
-                    model.eval()
-                    _preview(eval_images, model.reconstruct(eval_images[:8]),
-                             osp.join(work_dir, 'previews', f'iter_{it:06d}.png'))
-                    model.train()
+                stats, recon = evaluate(model, eval_images)
+                record.update({f'eval_{k}': v for k, v in stats.items()})
+                _preview(eval_images, recon, osp.join(work_dir, 'previews', f'iter_{it:06d}.png'))
             if record:
                 with open(log_path, 'a') as f:
                     f.write(json.dumps({'iter': it, **record}) + '\n')
@@ -367,11 +364,10 @@ def train_vq(cfg: Config, work_dir: str, resume: bool = False) -> Dict[str, floa
                 _atomic_save(state, state_path)
                 _atomic_save(model.state_dict(), osp.join(work_dir, 'tokenizer.pth'))
     bar.close()
-    result = {'iters': it, 'seconds': round(time.time() - t0, 1), **evaluate(model, eval_images)}
-    with torch.no_grad():
-        model.eval()
-        _preview(eval_images, model.reconstruct(eval_images[:8]),
-                 osp.join(work_dir, 'previews', 'final.png'))
+    stats, recon = evaluate(model, eval_images)
+    result = {'iters': it, 'seconds': round(time.time() - t0, 1), **stats,
+              **baselines(eval_images, model.factor)}
+    _preview(eval_images, recon, osp.join(work_dir, 'previews', 'final.png'))
     tmp = osp.join(work_dir, 'eval.json.tmp')
     with open(tmp, 'w') as f:
         json.dump(result, f, indent=1)
