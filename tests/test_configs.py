@@ -89,6 +89,9 @@ def test_config_builds(path, toy_data, in_repo):
             data = model.data_preprocessor(batch, True)  # through the DAT hook, if any
             if any(isinstance(h, DATHook) for h in hooks):
                 assert len(data['inputs']) == 2 * len(batch['inputs'])  # mode='append'
+            if hasattr(model, 'roi_head'):
+                # mmcv's RoIAlign ignores strides: the RoI head must get contiguous NCHW maps
+                assert all(f.is_contiguous() for f in model.extract_feat(data['inputs']))
             losses = model(**data, mode='loss')
             total = sum(v.sum() for k, v in losses.items() if 'loss' in k
                         for v in (v if isinstance(v, list) else [v]))

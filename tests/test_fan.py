@@ -88,11 +88,30 @@ def test_dense_outputs_any_size(family, arch, size):
             assert out.shape == (1, info['num_chs'], math.ceil(size[0] / r),
                                  math.ceil(size[1] / r))
             assert torch.isfinite(out).all()
+            assert out.is_contiguous()  # see test_detector_roi_features_read_the_right_pixels
         if family == 'FANHybrid':
             strides = [i['reduction'] for i in model.feature_info]
             assert strides == ([4, 8, 16, 32] if kw['out_type'] == 'det' else [4, 8, 16, 16])
         else:
             assert [i['reduction'] for i in model.feature_info] == [4, 8, 16, 32]
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+def test_detector_roi_features_read_the_right_pixels(family):
+    # mmcv 2.1's RoIAlign reads its input as contiguous NCHW whatever its strides, and an FPN
+    # passes a channels-last layout on: the backbone maps must reach it contiguous
+    from mmcv.ops import RoIAlign
+    from mmdet.models.necks import FPN
+    model = _build(family, 'tiny').eval()
+    fpn = FPN([i['num_chs'] for i in model.feature_info], 32, 4,
+              norm_cfg=dict(type='GN', num_groups=8)).eval()
+    roi_align = RoIAlign(7, 1 / 4, 2)
+    rois = torch.tensor([[0, 10., 12., 70., 50.], [0, 40., 5., 90., 60.]])
+    with torch.no_grad():
+        p2 = fpn(model(torch.randn(1, 3, 97, 161)))[0]
+        assert torch.equal(roi_align(p2, rois), roi_align(p2.contiguous(), rois))
+    scrambled = p2.contiguous(memory_format=torch.channels_last)
+    assert not torch.allclose(roi_align(scrambled, rois), roi_align(p2, rois))  # the trap
 
 
 def test_upstream_shapes_at_512_for_tiny():
@@ -129,6 +148,25 @@ def test_every_parameter_gets_a_gradient(family, kw):
         assert all(n.startswith(('cls_token', 'cls_attn_blocks.')) for n in frozen)
     else:
         assert not frozen
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+def test_zero_padding_keeps_gradients_well_conditioned(family):
+    # detectors pad batches with zeros (after normalisation); from scratch, that must not turn
+    # the patch-embedding LayerNorm into a 1/sqrt(eps) gradient amplifier
+    torch.manual_seed(0)
+    model = _build(family, 'tiny').train()
+    x = torch.randn(2, 3, 64, 96)
+
+    def grad_norm(inputs: torch.Tensor) -> float:
+        model.zero_grad()
+        sum(o.square().mean() for o in model(inputs)).backward()
+        return torch.stack([p.grad.norm() for p in model.parameters()
+                            if p.grad is not None]).norm().item()
+
+    padded = x.clone()
+    padded[..., 48:] = 0  # half the batch area is padding
+    assert grad_norm(padded) < 10 * grad_norm(x)
 
 
 def test_dense_patch_tokens_equal_the_full_class_attention_path():

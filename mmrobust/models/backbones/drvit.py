@@ -322,8 +322,7 @@ class DrViT(DenseBackbone):
         outs = []
         for i, level in enumerate(self.pyramid(feat)):
             if i in self.out_indices:
-                stride = self.strides[i]
-                outs.append(level[..., :math.ceil(in_h / stride), :math.ceil(in_w / stride)])
+                outs.append(self._dense_output(level, in_h, in_w, self.strides[i]))
         return tuple(outs)
 
 

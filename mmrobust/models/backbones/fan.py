@@ -9,7 +9,6 @@ Dense outputs (upstream's): ConvNeXt stage 0 (stride 4) and 1 (stride 8), the ou
 16 (`out_type='seg'`) or through a learnable 3x3 stride-2 conv at stride 32 (`out_type='det'`).
 `out_type='cls'` is the ImageNet classifier (cls token -> norm -> head).
 """
-import math
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -301,6 +300,13 @@ class FANHybrid(DenseBackbone):
             elif isinstance(m, (nn.LayerNorm, _BatchNorm)):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
+        # NOTE: padded pixels (zeros after the data preprocessor's normalisation) reach the stem
+        # LayerNorm as the conv bias alone. A zero bias makes that a zero vector, whose
+        # LayerNorm gradient is scaled by 1/sqrt(eps) = 1000: a detector trained from scratch
+        # then sees backbone gradient norms of ~1e4 and gradient clipping shrinks every other
+        # layer's update with them. A small random bias gives padding a well-conditioned
+        # embedding of its own.
+        trunc_normal_(self.patch_embed.backbone.stem[0].bias, std=.02)
 
     # ---------------------------------------------------------------- forward
     def _run(self, block: nn.Module, *args) -> torch.Tensor:
@@ -338,7 +344,7 @@ class FANHybrid(DenseBackbone):
         if self.out_type == 'det':
             last = self.learnable_downsample(last)
         maps.append(last)
-        return tuple(m[..., :math.ceil(h / info['reduction']), :math.ceil(w / info['reduction'])]
+        return tuple(self._dense_output(m, h, w, info['reduction'])
                      for i, (m, info) in enumerate(zip(maps, self.feature_info))
                      if i in self.out_indices)
 

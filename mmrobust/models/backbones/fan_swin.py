@@ -271,8 +271,7 @@ class FANSwin(DenseBackbone):
             if i in self.out_indices and self.out_type == 'dense':
                 out = getattr(self, f'norm{i}')(x)
                 out = out.transpose(1, 2).reshape(x.shape[0], -1, hs, ws)
-                stride = 4 * 2 ** i
-                outs.append(out[..., :math.ceil(h / stride), :math.ceil(w / stride)])
+                outs.append(self._dense_output(out, h, w, 4 * 2 ** i))
             if layer.downsample is not None:
                 x, hs, ws = layer.downsample(x, hs, ws)
         if self.out_type == 'cls':
