@@ -16,6 +16,10 @@ ALL_CONFIGS = sorted(p for p in CONFIGS.rglob('*.py')
                      if '_base_' not in p.parts and p not in TOKENIZER_CONFIGS)
 
 
+# the README demo's detector (tools/demo_toy.sh), trained once per session by `trained_toy_detector`
+DEMO_DET_CFG = 'configs/toy/mask-rcnn_fan-t-hybrid_fpn_toy-coco.py'
+
+
 def config_id(path: Path) -> str:
     return str(path.relative_to(CONFIGS))
 
@@ -63,13 +67,14 @@ def run_tool(tool: str, *args, **kwargs) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope='session')
 def trained_toy_detector(toy_data, tmp_path_factory) -> Path:
-    """The README demo's run: the toy R18 Mask R-CNN trained 300 iterations (~3 min, once).
+    """The README demo's run: the toy FAN-T-Hybrid Mask R-CNN trained 300 iterations from
+    scratch (~4 min, once).
 
     Returns its work dir (``iter_300.pth``, logs). Shared by the demo-learns test and the
     robustness-evaluation tests, which need a model that actually detects something.
     """
     work = tmp_path_factory.mktemp('demo') / 'learn'
-    run_tool('train.py', 'configs/toy/mask-rcnn_r18_fpn_toy-coco.py', '--work-dir', work,
+    run_tool('train.py', DEMO_DET_CFG, '--work-dir', work,
              '--cfg-options', 'train_dataloader.num_workers=0',
              'train_dataloader.persistent_workers=False', 'val_dataloader.num_workers=0',
              'val_dataloader.persistent_workers=False')

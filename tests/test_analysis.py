@@ -8,7 +8,7 @@ import torch
 from mmrobust.analysis import (fourier_basis, fourier_perturb, frequency_grid, mirror_heatmap,
                                patch_mask)
 
-from conftest import run_tool
+from conftest import DEMO_DET_CFG, run_tool
 
 
 @pytest.mark.parametrize('h,w,u,v', [(32, 32, 0, 0), (32, 32, 3, -5), (31, 45, 7, 2),
@@ -74,7 +74,7 @@ def test_patch_masking_masks_exactly_the_requested_fraction(ratio):
 @pytest.mark.slow
 def test_fourier_and_masking_tools_on_the_toy_detector(trained_toy_detector, tmp_path):
     ckpt = trained_toy_detector / 'iter_300.pth'
-    common = ['configs/toy/mask-rcnn_r18_fpn_toy-coco.py', ckpt, '--num-images', '2',
+    common = [DEMO_DET_CFG, ckpt, '--num-images', '2',
               '--cfg-options', 'test_dataloader.num_workers=0',
               'test_dataloader.persistent_workers=False']
     out = tmp_path / 'fourier'

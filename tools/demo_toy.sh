@@ -8,7 +8,7 @@ VENV=${MMROBUST_VENV:-$HOME/.venvs/mmrobust}
 if [ -z "${PYTHON:-}" ]; then
   if [ -x "$VENV/bin/python" ]; then PYTHON="$VENV/bin/python"; else PYTHON=python; fi
 fi
-CONFIG=${1:-configs/toy/mask-rcnn_r18_fpn_toy-coco.py}
+CONFIG=${1:-configs/toy/mask-rcnn_fan-t-hybrid_fpn_toy-coco.py}
 NAME=$(basename "$CONFIG" .py)
 WORK_DIR=${WORK_DIR:-work_dirs/demo_$NAME}
 cd "$ROOT"

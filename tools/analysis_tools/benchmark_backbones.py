@@ -8,6 +8,8 @@ Each model runs in its own process (so peak memory is its own), at the same inpu
 run as mmdet's Swin-T and ResNet-50, and the table gives every figure as a ratio to both
 (this machine kind is noisy: compare ratios, not milliseconds across runs). Peak memory is
 `torch.cuda.max_memory_allocated` on a GPU and the growth of the process's peak RSS on a CPU.
+GFLOPs are one forward pass as counted by `torch.utils.flop_counter` (matmuls, convolutions and
+attention; 2 FLOPs per multiply-add), so time per GFLOP tells slow code from big models.
 """
 import argparse
 import multiprocessing as mp
@@ -17,10 +19,18 @@ import time
 from typing import Dict, List
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 BASELINES = ('swin_t', 'resnet50')
 FAN_MODELS = tuple(f'fan_{family}_{arch}' for family in ('hybrid', 'swin')
                    for arch in ('tiny', 'small', 'base', 'large'))
+
+
+# NOTE: torch's counter knows the GPU attention kernels only; without this, the fused CPU
+# attention of the FAN models would count as free while mmdet's Swin (plain matmuls) would not
+_CPU_ATTENTION_FLOPS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu:
+        lambda q, k, v, *args, out_shape=None, **kwargs: sdpa_flop_count(q, k, v)}
 
 
 def build(name: str) -> torch.nn.Module:
@@ -73,8 +83,13 @@ def _measure(name: str, size: int, batch: int, iters: int, warmup: int, threads:
         peak_mb = torch.cuda.max_memory_allocated() / 2**20
     else:
         peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
+    # NOTE: counted after the timing so that its forward pass is not part of the peak memory
+    with torch.no_grad(), FlopCounterMode(display=False,
+                                          custom_mapping=_CPU_ATTENTION_FLOPS) as counter:
+        model(x)
+    gflops = counter.get_total_flops() / 1e9
     queue.put(dict(name=name, ms=1000 * statistics.median(times), peak_mb=peak_mb,
-                   params_m=params / 1e6))
+                   params_m=params / 1e6, gflops=gflops))
 
 
 def measure(name: str, args: argparse.Namespace) -> Dict:
@@ -109,11 +124,15 @@ def main() -> None:
     device = 'cuda' if torch.cuda.is_available() else f'cpu ({args.threads} threads)'
     print(f'\nforward+backward, {args.batch}x3x{args.size}x{args.size}, {device}, median of '
           f'{args.iters}\n')
-    print('| model | params (M) | ms | x Swin-T | x ResNet-50 | peak MB | mem x Swin-T |')
-    print('|---|---|---|---|---|---|---|')
+    # NOTE: 'ms/GFLOP x Swin-T' separates the work a model does from how efficiently it does it
+    swin_ms_per_gflop = base['swin_t']['ms'] / base['swin_t']['gflops']
+    print('| model | params (M) | GFLOPs | ms | x Swin-T | x ResNet-50 | ms/GFLOP x Swin-T '
+          '| peak MB | mem x Swin-T |')
+    print('|---|---|---|---|---|---|---|---|---|')
     for r in rows:
-        print(f'| {r["name"]} | {r["params_m"]:.1f} | {r["ms"]:.1f} | '
+        print(f'| {r["name"]} | {r["params_m"]:.1f} | {r["gflops"]:.2f} | {r["ms"]:.1f} | '
               f'{r["ms"] / base["swin_t"]["ms"]:.2f} | {r["ms"] / base["resnet50"]["ms"]:.2f} | '
+              f'{r["ms"] / r["gflops"] / swin_ms_per_gflop:.2f} | '
               f'{r["peak_mb"]:.0f} | {r["peak_mb"] / max(base["swin_t"]["peak_mb"], 1):.2f} |')
 
 
