@@ -281,6 +281,16 @@ def train_vq(cfg: Config, work_dir: str, resume: bool = False) -> Dict[str, floa
             ema.load_state_dict(state['codebook_ema'])
         start = int(state['iter'])
 
+    @torch.no_grad()
+    def restart_codes(index: torch.Tensor, images: torch.Tensor) -> None:
+        """Move codes `index` to random encoder outputs of `images` (slightly jittered)."""
+        z = model.encode_latent(images).permute(0, 2, 3, 1).reshape(-1, model.embed_dim)
+        pick = z[torch.randint(len(z), (len(index), ))]
+        pick = pick + 1e-3 * torch.randn_like(pick)
+        codebook[index] = pick
+        if ema is not None:
+            ema.reset(index, pick)
+
     loader = torch.utils.data.DataLoader(
         train_set, batch_size=opts['batch_size'], shuffle=True, drop_last=True,
         num_workers=opts['num_workers'], persistent_workers=opts['num_workers'] > 0)
@@ -296,12 +306,7 @@ def train_vq(cfg: Config, work_dir: str, resume: bool = False) -> Dict[str, floa
             if it >= opts['iters']:
                 break
             if it == 0:  # NOTE: codebook from encoder outputs, or all latents pick one code
-                with torch.no_grad():
-                    z = model.encode_latent(images).permute(0, 2, 3, 1).reshape(-1, model.embed_dim)
-                    pick = z[torch.randint(len(z), (model.n_embed, ))]
-                    codebook.copy_(pick + 1e-3 * torch.randn_like(pick))
-                    if ema is not None:
-                        ema.reset(torch.arange(model.n_embed), codebook.detach().clone())
+                restart_codes(torch.arange(model.n_embed), images)
             for opt in (optimizer, disc_opt):
                 for group in opt.param_groups if opt is not None else []:
                     group['lr'] = opts['lr'] * lr_at(it)
@@ -327,15 +332,8 @@ def train_vq(cfg: Config, work_dir: str, resume: bool = False) -> Dict[str, floa
             record = {}
             if opts['dead_code_interval'] and it % opts['dead_code_interval'] == 0:
                 dead = (usage == 0).nonzero().flatten()
-                if len(dead):  # NOTE: restart unused codes at current encoder outputs
-                    with torch.no_grad():
-                        z = model.encode_latent(images).permute(0, 2, 3, 1).reshape(
-                            -1, model.embed_dim)
-                        pick = z[torch.randint(len(z), (len(dead), ))] + 1e-3 * torch.randn(
-                            len(dead), model.embed_dim)
-                        codebook[dead] = pick
-                        if ema is not None:
-                            ema.reset(dead, pick)
+                if len(dead):
+                    restart_codes(dead, images)
                 stats = code_stats(usage)
                 usage.zero_()
                 record.update({'loss': loss.item(), 'vq_loss': vq_loss.item(),
