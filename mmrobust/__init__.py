@@ -5,8 +5,8 @@ scopes (configs load it with `custom_imports = dict(imports=['mmrobust'],
 allow_failed_imports=False)`) and makes mmengine load local checkpoints through the safe,
 allow-listed loader of :mod:`mmrobust.utils.checkpoint`.
 """
-from .version import __version__
 from .utils.checkpoint import install_safe_checkpoint_loader
+from .version import __version__
 
 install_safe_checkpoint_loader()
 

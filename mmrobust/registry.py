@@ -58,5 +58,5 @@ OPTIM_WRAPPERS = ScopedRegistries('OPTIM_WRAPPERS')
 
 def registered_modules() -> List[Tuple[str, str, Any]]:
     """(registry name, module name, class) for everything mmrobust registered."""
-    return [(reg.name, key, cls) for reg in (MODELS, HOOKS, TRANSFORMS, DATASETS, METRICS, OPTIM_WRAPPERS)
-            for key, cls in reg.modules.items()]
+    registries = (MODELS, HOOKS, TRANSFORMS, DATASETS, METRICS, OPTIM_WRAPPERS)
+    return [(reg.name, key, cls) for reg in registries for key, cls in reg.modules.items()]

@@ -5,8 +5,13 @@ import numpy as np
 import pytest
 import torch
 
-from mmrobust.analysis import (fourier_basis, fourier_perturb, frequency_grid, mirror_heatmap,
-                               patch_mask)
+from mmrobust.analysis import (
+    fourier_basis,
+    fourier_perturb,
+    frequency_grid,
+    mirror_heatmap,
+    patch_mask,
+)
 
 from conftest import DEMO_DET_CFG, run_tool
 
@@ -87,7 +92,8 @@ def test_fourier_and_masking_tools_on_the_toy_detector(trained_toy_detector, tmp
     clean = data['settings']['clean']['coco/bbox_mAP']
     assert matrix.shape == (3, 3) and not np.isnan(matrix).any()
     np.testing.assert_allclose(matrix, matrix[::-1, ::-1])  # (u, v) ~ (-u, -v)
-    np.testing.assert_allclose(matrix[2, 1], clean - data['settings']['fourier:1,0']['coco/bbox_mAP'])
+    drop = clean - data['settings']['fourier:1,0']['coco/bbox_mAP']
+    np.testing.assert_allclose(matrix[2, 1], drop)
     # a rerun resumes: nothing is evaluated again
     proc = run_tool('analysis_tools/perturbation_analysis.py', 'fourier', *common, '--grid', '3',
                     '--eps', '20', '--out-dir', out)

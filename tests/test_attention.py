@@ -68,6 +68,7 @@ def test_recorder_maps_cover_the_token_grid(backbone):
         AttentionRecorder(torch.nn.Linear(2, 2))
 
 
+@pytest.mark.slow
 def test_attention_tool_on_a_toy_fan_detector(toy_data, tmp_path):
     config = 'configs/toy/mask-rcnn_fan-t-hybrid_fpn_toy-coco.py'
     cfg = Config.fromfile(str(REPO / config))

@@ -117,6 +117,7 @@ def test_malicious_checkpoint_is_refused(tmp_path, zipfile):
     assert not marker.exists(), 'the payload ran'
 
 
+@pytest.mark.slow
 def test_clean_checkpoint_tool(tmp_path):
     src, dst = tmp_path / 'src.pth', tmp_path / 'dst.pth'
     state = _TinyModel().state_dict()

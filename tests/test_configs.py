@@ -15,8 +15,13 @@ from mmengine.runner import Runner
 
 from mmrobust.datasets import TOY_COCO_CLASSES
 from mmrobust.engine import DATHook
-from mmrobust.utils import DatasetNotFoundError, check_custom_imports, check_dataset_paths, \
-    config_scope
+from mmrobust.utils import (
+    DatasetNotFoundError,
+    check_custom_imports,
+    check_dataset_paths,
+    config_scope,
+    leaf_datasets,
+)
 
 from conftest import ALL_CONFIGS, config_id
 
@@ -25,15 +30,9 @@ TOY_ROOTS = {'CocoDataset': ('data/toy_coco/', dict(classes=TOY_COCO_CLASSES)),
              'CityscapesDataset': ('data/toy_cityscapes/', None)}
 
 
-def _leaf(ds_cfg):
-    while 'dataset' in ds_cfg:
-        ds_cfg = ds_cfg['dataset']
-    return ds_cfg
-
-
 def _on_toy_data(loader_cfg):
     """Point a real-data loader at the toy set of the same format, if the data is missing."""
-    ds = _leaf(loader_cfg['dataset'])
+    ds, = leaf_datasets(loader_cfg['dataset'])
     if osp.isdir(ds.get('data_root', '')):
         return True
     if ds['type'] not in TOY_ROOTS:
@@ -70,7 +69,6 @@ def test_config_builds(path, toy_data, in_repo):
             hook.tokenizer = MODELS.build(dict(hook.tokenizer_cfg, init_cfg=None))
             if is_toy:
                 hook.attach(model)
-                hook._iter = 0
     for key in LOADERS:
         loader_cfg = cfg[key].copy()
         loader_cfg.update(num_workers=0, persistent_workers=False, batch_size=1)
@@ -86,7 +84,9 @@ def test_config_builds(path, toy_data, in_repo):
         batch = next(iter(loader))
         if key == 'train_dataloader':
             model.train()
-            data = model.data_preprocessor(batch, True)  # through the DAT hook, if any
+            dat = next((h for h in hooks if isinstance(h, DATHook)), None)
+            data = (dat.attack_batch(batch, 0) if dat is not None else
+                    model.data_preprocessor(batch, True))
             if any(isinstance(h, DATHook) for h in hooks):
                 assert len(data['inputs']) == 2 * len(batch['inputs'])  # mode='append'
             if hasattr(model, 'roi_head'):

@@ -7,13 +7,22 @@ import numpy as np
 import pytest
 import skimage.data
 
-from mmrobust.corruptions import (BENCHMARK_CORRUPTIONS, CATEGORIES, CORRUPTIONS, MIN_SIZE,
-                                  PROTOCOLS, UnknownCorruptionError, corrupt, derive_seed,
-                                  get_protocol, resolve_protocol)
+from mmrobust.corruptions import (
+    BENCHMARK_CORRUPTIONS,
+    CATEGORIES,
+    CORRUPTIONS,
+    MIN_SIZE,
+    PROTOCOLS,
+    UnknownCorruptionError,
+    corrupt,
+    derive_seed,
+    get_protocol,
+    resolve_protocol,
+)
 from mmrobust.corruptions.functional import frost_texture_dir
-from reference_corruptions import reference_corrupt
 
 from conftest import REPO
+from reference_corruptions import reference_corrupt
 
 PHOTOS = ('astronaut', 'chelsea', 'coffee')
 # NOTE: resampled with OpenCV's bilinear warps instead of SciPy: a documented tolerance
@@ -175,6 +184,9 @@ def test_protocols():
         resolve_protocol('cityscapes_c', ['zoom_blur'])
     with pytest.raises(ValueError, match='1..5'):
         resolve_protocol('benchmark', None, [0])
+    # no selection at all is the benchmark protocol itself (its results resume --protocol runs)
+    assert resolve_protocol() is get_protocol('benchmark')
+    assert resolve_protocol(None, None, None).name == 'benchmark'
 
 
 def test_missing_frost_textures_are_explained(monkeypatch, tmp_path):

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from mmrobust.models.backbones.drvit import DrViT, TOKEN_MODES
+from mmrobust.models.backbones.drvit import TOKEN_MODES, DrViT
 from mmrobust.models.utils import CheckpointMismatchError
 
 # a tiny f16 tokenizer (random weights: the backbone's behaviour does not depend on them)
@@ -33,7 +33,8 @@ def test_transformer_matches_deit_parameter_counts(arch):
     transformer = sum(p.numel() for n, p in model.named_parameters()
                       if n.startswith(('cls_token', 'pos_embed', 'blocks.', 'norm.')))
     assert transformer == total - patch_embed - head
-    assert model.out_channels == (dim // 4, dim // 2, dim, dim)
+    assert [i['num_chs'] for i in model.feature_info] == [dim // 4, dim // 2, dim, dim]
+    assert [i['reduction'] for i in model.feature_info] == [4, 8, 16, 32]
     assert model.token_mode == ('discrete' if arch == 'tiny' else 'concat')
 
 
@@ -45,7 +46,7 @@ def test_token_modes_shapes_and_gradients(mode):
     outs = model(x)
     assert [tuple(o.shape) for o in outs] == [
         (2, c, math.ceil(97 / s), math.ceil(161 / s))
-        for c, s in zip(model.out_channels, (4, 8, 16, 32))]
+        for c, s in ((i['num_chs'], i['reduction']) for i in model.feature_info)]
     assert all(torch.isfinite(o).all() and o.is_contiguous() for o in outs)
     sum(o.mean() for o in outs).backward()
     for name, param in model.named_parameters():

@@ -54,7 +54,7 @@ def _state_from_keys(name: str):
                 else torch.zeros(shape, dtype=torch.int64)) for k, shape, dtype in _keys(name)}
 
 
-# --------------------------------------------------------------------------- sizes
+# -- sizes -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize('family,arch', VARIANTS)
 def test_parameter_counts_match_the_paper(family, arch):
     with torch.device('meta'):
@@ -130,7 +130,7 @@ def test_out_indices(family):
                                           model.feature_info[3]['num_chs']]
 
 
-# --------------------------------------------------------------------------- training knobs
+# -- training knobs --------------------------------------------------------------------------------
 @pytest.mark.parametrize('family,kw', [('FANHybrid', dict(out_type='det')),
                                        ('FANHybrid', dict(out_type='seg')), ('FANSwin', {})])
 def test_every_parameter_gets_a_gradient(family, kw):
@@ -276,7 +276,7 @@ def test_bad_arguments_are_explained():
     assert custom.arch_name == 'custom' and len(custom.blocks) == 2
 
 
-# --------------------------------------------------------------------------- maths
+# -- maths -----------------------------------------------------------------------------------------
 def test_channel_processing_matches_the_definition():
     torch.manual_seed(0)
     cp = ChannelProcessing(dim=8, num_heads=2).eval()
@@ -312,7 +312,7 @@ def test_fourier_features_formula_and_legacy_flag():
     assert (legacy - feats).abs().max() > 0.1
 
 
-# --------------------------------------------------------------------------- checkpoints
+# -- checkpoints -----------------------------------------------------------------------------------
 CLS_KEY_FILES = {'tiny': 'fan_hybrid_tiny_cls', 'small': 'fan_hybrid_small',
                  'base': 'fan_hybrid_base', 'large': 'fan_hybrid_large'}
 
@@ -411,6 +411,7 @@ def test_missing_pretrained_file_says_what_to_do():
         model.init_weights()
 
 
+@pytest.mark.slow
 def test_converter_cli_writes_a_strictly_loadable_checkpoint(tmp_path):
     from conftest import run_tool
     src = tmp_path / 'fan_hybrid_tiny.pth.tar'

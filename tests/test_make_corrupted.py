@@ -28,6 +28,7 @@ def tree(root: Path) -> dict:
             for p in sorted(root.rglob('*')) if p.is_file() and p.name != MANIFEST}
 
 
+@pytest.mark.slow
 def test_toy_coco_c_is_deterministic_complete_and_loadable(toy_data, tmp_path):
     one, two = tmp_path / 'w1', tmp_path / 'w2'
     run_tool('make_corrupted.py', toy_data['toy_coco'], one, *CELLS, '--workers', '1')
@@ -64,6 +65,7 @@ def test_toy_coco_c_is_deterministic_complete_and_loadable(toy_data, tmp_path):
     assert dataset[0]['inputs'].shape[0] == 3
 
 
+@pytest.mark.slow
 def test_toy_cityscapes_c_keeps_png_and_labels(toy_data, tmp_path):
     out = tmp_path / 'cs'
     run_tool('make_corrupted.py', toy_data['toy_cityscapes'], out, '--protocol', 'cityscapes_c',
@@ -91,6 +93,7 @@ def test_toy_cityscapes_c_keeps_png_and_labels(toy_data, tmp_path):
     assert sample['data_samples'].gt_sem_seg.data.shape[-2:] == sample['inputs'].shape[-2:]
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_to_the_same_result(toy_data, tmp_path):
     args = [sys.executable, REPO / 'tools' / 'make_corrupted.py', toy_data['toy_coco'],
             tmp_path / 'run', '--corruptions', 'glass_blur', 'fog', 'snow', '--severities',
@@ -124,6 +127,7 @@ def test_interrupted_run_resumes_to_the_same_result(toy_data, tmp_path):
     assert tree(tmp_path / 'run') == tree(fresh)
 
 
+@pytest.mark.slow
 def test_unreadable_sources_are_reported_and_skipped(toy_data, tmp_path):
     src = tmp_path / 'folder'
     shutil.copytree(toy_data['toy_coco'] / 'val2017', src / 'imgs')
@@ -141,6 +145,7 @@ def test_unreadable_sources_are_reported_and_skipped(toy_data, tmp_path):
     assert 'unreadable' in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_missing_source_is_explained(tmp_path):
     proc = run_tool('make_corrupted.py', tmp_path / 'nope', tmp_path / 'out', check=False)
     assert proc.returncode != 0 and 'does not exist' in proc.stderr

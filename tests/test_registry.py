@@ -1,4 +1,5 @@
-"""`import mmrobust` registers modules in both scopes; lookup errors name scope and close matches."""
+"""`import mmrobust` registers modules in both scopes; lookup errors name the scope and close
+matches."""
 import pytest
 import torch.nn as nn
 from mmdet.registry import MODELS as DET_MODELS
@@ -9,8 +10,12 @@ from mmseg.registry import MODELS as SEG_MODELS
 
 import mmrobust
 from mmrobust.registry import MODELS, registered_modules
-from mmrobust.utils import (MissingCustomImportsError, RegistryLookupError,
-                            check_custom_imports, explain_registry_errors)
+from mmrobust.utils import (
+    MissingCustomImportsError,
+    RegistryLookupError,
+    check_custom_imports,
+    explain_registry_errors,
+)
 
 
 @pytest.fixture(scope='module')
@@ -83,6 +88,7 @@ def test_unrelated_key_errors_pass_through():
 
 def test_cpu_amp_wrapper_autocasts_to_bfloat16():
     import torch
+
     from mmrobust.engine import CPUAmpOptimWrapper
     model = nn.Linear(4, 4)
     wrapper = CPUAmpOptimWrapper(optimizer=torch.optim.SGD(model.parameters(), lr=0.1))

@@ -10,9 +10,14 @@ import torch
 from mmengine.config import Config
 
 from mmrobust.corruptions import get_protocol, resolve_protocol
-from mmrobust.corruptions.protocols import robustness_summary
-from mmrobust.evaluation import (PipelineError, ResultsMismatchError, RobustnessResults,
-                                 cell_dataloader, find_loading_step)
+from mmrobust.evaluation import (
+    PipelineError,
+    ResultsMismatchError,
+    RobustnessResults,
+    cell_dataloader,
+    find_loading_step,
+    robustness_summary,
+)
 from mmrobust.evaluation.report import load_results, summary_markdown
 
 from conftest import DEMO_DET_CFG, REPO, run_cmd, run_tool
@@ -99,8 +104,9 @@ def test_results_file_refuses_another_evaluation(tmp_path):
 
 def _init_checkpoint(config: str, path: Path) -> Path:
     """A checkpoint of the config's freshly initialised model (no training needed)."""
-    import mmrobust  # noqa: F401
     from mmengine.registry import init_default_scope
+
+    import mmrobust  # noqa: F401
     cfg = Config.fromfile(str(REPO / config))
     init_default_scope(cfg.default_scope)
     registry = __import__(f'{cfg.default_scope}.registry', fromlist=['MODELS'])
@@ -195,6 +201,7 @@ def test_detector_on_the_fly_stored_resume_and_report(toy_data, trained_toy_dete
     assert len(rows) == 1 + 2 * 5 * 12  # models x cells x the 12 COCO box/mask metrics
 
 
+@pytest.mark.slow
 def test_segmentor_on_the_fly_equals_stored(toy_data, tmp_path):
     ckpt = _init_checkpoint(SEG_CFG, tmp_path / 'seg.pth')
     cells = ['--corruptions', 'speckle_noise', 'snow', '--severities', '2']
@@ -226,6 +233,7 @@ def test_two_processes_match_one(toy_data, trained_toy_detector, tmp_path):
     assert _cells(double) == _cells(single)
 
 
+@pytest.mark.slow
 def test_mmdet_results_pickle_is_read_safely(tmp_path):
     """mmdet 3.3's own `*_results.pkl` ({corruption: {severity: metrics}}, 0 = clean)."""
     data = {'gaussian_noise': {0: {'coco/bbox_mAP': np.float64(0.4)},
@@ -249,6 +257,7 @@ def test_mmdet_results_pickle_is_read_safely(tmp_path):
         load_results(str(evil))
 
 
+@pytest.mark.slow
 def test_errors_name_the_valid_choices(tmp_path):
     proc = run_tool('test_robustness.py', DET_CFG, tmp_path / 'x.pth', '--corruptions',
                     'blurry', check=False)

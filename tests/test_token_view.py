@@ -81,6 +81,7 @@ def test_load_tokenizer_needs_weights_and_a_tokenizer(tmp_path, monkeypatch):
         read_rgb(str(bad))
 
 
+@pytest.mark.slow
 def test_token_view_tool(tokenizer, toy_data, tmp_path):
     ckpt = tmp_path / 'tokenizer.pth'
     torch.save(tokenizer.state_dict(), ckpt)

@@ -7,8 +7,12 @@ import cv2
 import numpy as np
 import pytest
 
-from mmrobust.datasets import (TOY_COCO_CLASSES, generate_toy_dataset, make_toy_cityscapes,
-                               make_toy_coco)
+from mmrobust.datasets import (
+    TOY_COCO_CLASSES,
+    generate_toy_dataset,
+    make_toy_cityscapes,
+    make_toy_coco,
+)
 
 
 def _files(root: Path):
@@ -38,6 +42,7 @@ def test_images_do_not_depend_on_dataset_size(tmp_path):
                            shallow=False)
 
 
+@pytest.mark.slow
 def test_generate_skips_complete_dataset_and_redoes_other_seed(tmp_path):
     root = tmp_path / 'toy'
     counts = generate_toy_dataset('toy_coco', str(root), seed=0)

@@ -7,7 +7,8 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from mmrobust.apis.train_vq import DEFAULTS, CodebookEMA, ImageCrops, dataset_image_paths
+from mmrobust.apis.train_vq import DEFAULTS, CodebookEMA
+from mmrobust.datasets import ImageCrops, dataset_image_paths
 from mmrobust.models.tokenizers import VQGAN
 
 from conftest import REPO, TOKENIZER_CONFIGS, config_id, run_tool
@@ -18,6 +19,7 @@ SMALL = ['model.arch.ch=32', 'model.arch.n_embed=32', 'train.batch_size=2', 'tra
          'train.preview_interval=2', 'train.checkpoint_interval=2']
 
 
+@pytest.mark.slow
 def test_train_vq_runs_resumes_and_loads(toy_data, tmp_path):
     work = tmp_path / 'vq'
     run_tool('train_vq.py', CONFIG, '--work-dir', work, '--cfg-options', 'train.iters=4', *SMALL)
@@ -85,6 +87,7 @@ def test_codebook_ema_is_the_running_mean_of_assigned_latents():
         CodebookEMA(codebook, decay=1.0)
 
 
+@pytest.mark.slow
 def test_train_vq_with_batchnorm_and_ema_codebook_resumes(toy_data, tmp_path):
     work = tmp_path / 'vq'
     opts = [*SMALL, 'model.arch.norm=batch', 'train.codebook_ema=0.99']
@@ -97,8 +100,9 @@ def test_train_vq_with_batchnorm_and_ema_codebook_resumes(toy_data, tmp_path):
     assert state['iter'] == 4
     assert not torch.equal(state['codebook_ema']['embed_sum'], first['codebook_ema']['embed_sum'])
     # the EMA codebook is not an optimiser parameter: Adam holds states for the others only
-    assert len(state['optimizer']['state']) == len(state['model']) - sum(
-        k.endswith(('running_mean', 'running_var', 'num_batches_tracked')) for k in state['model']) - 1
+    buffers = sum(k.endswith(('running_mean', 'running_var', 'num_batches_tracked'))
+                  for k in state['model'])
+    assert len(state['optimizer']['state']) == len(state['model']) - buffers - 1
 
 
 def test_image_crops_keep_the_image_scale(tmp_path):

@@ -7,8 +7,13 @@ import argparse
 
 from mmengine.config import Config
 
-from mmrobust.apis import (add_launch_args, apply_common_args, apply_test_args, build_runner,
-                           parse_launch_args)
+from mmrobust.apis import (
+    add_launch_args,
+    apply_common_args,
+    apply_test_args,
+    build_runner,
+    parse_launch_args,
+)
 from mmrobust.utils import config_scope, explain_registry_errors
 
 

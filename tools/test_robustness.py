@@ -16,8 +16,13 @@ import os.path as osp
 
 from mmengine.config import Config
 
-from mmrobust.apis import (add_launch_args, apply_common_args, apply_test_args, build_runner,
-                           parse_launch_args)
+from mmrobust.apis import (
+    add_launch_args,
+    apply_common_args,
+    apply_test_args,
+    build_runner,
+    parse_launch_args,
+)
 from mmrobust.corruptions import resolve_protocol
 from mmrobust.evaluation import evaluate_robustness
 from mmrobust.evaluation.report import plot, summary_markdown, write_csv

@@ -8,8 +8,13 @@ import os
 
 from mmengine.config import Config
 
-from mmrobust.apis import (add_launch_args, apply_common_args, apply_train_args, build_runner,
-                           parse_launch_args)
+from mmrobust.apis import (
+    add_launch_args,
+    apply_common_args,
+    apply_train_args,
+    build_runner,
+    parse_launch_args,
+)
 from mmrobust.utils import explain_registry_errors
 
 
@@ -35,7 +40,7 @@ def main() -> None:
     cfg = Config.fromfile(args.config)
     cfg = apply_common_args(cfg, args.config, args.launcher, args.work_dir, args.cfg_options)
     cfg = apply_train_args(cfg, args.resume, args.amp, args.auto_scale_lr)
-    loaders = ('train_dataloader', 'val_dataloader') if cfg.get('val_cfg') else ('train_dataloader',)
+    loaders = ('train_dataloader', ) + (('val_dataloader', ) if cfg.get('val_cfg') else ())
     runner = build_runner(cfg, loaders)
     with explain_registry_errors():
         runner.train()

@@ -4,8 +4,6 @@
 _base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py', './_base_/fan-s-hybrid.py']
 custom_imports = dict(imports=['mmrobust'], allow_failed_imports=False)
 
-model = dict(
-    backbone={{_base_.fan_det_backbone}},
-    neck=dict(in_channels={{_base_.fan_det_channels}}))
-optim_wrapper = dict(paramwise_cfg={{_base_.fan_det_paramwise}})
+model = {{_base_.fan_det_model}}
+optim_wrapper = {{_base_.fan_det_optim_wrapper}}
 auto_scale_lr = dict(enable=False, base_batch_size=16)

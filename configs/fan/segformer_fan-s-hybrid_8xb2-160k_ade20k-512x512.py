@@ -1,10 +1,11 @@
 # SegFormer head (embed 768) on a FAN-S-Hybrid backbone, ADE20K 512x512, 160k iters,
 # AdamW lr 6e-5 wd 0.01, head lr x10, poly schedule, whole-image test.
-_base_ = ['mmseg::segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py', './_base_/fan-s-hybrid.py']
+_base_ = [
+    'mmseg::segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py',
+    './_base_/fan-s-hybrid.py',
+]
 custom_imports = dict(imports=['mmrobust'], allow_failed_imports=False)
 
-model = dict(
-    backbone={{_base_.fan_seg_backbone}},
-    decode_head=dict(in_channels={{_base_.fan_seg_channels}}, channels=768))
-optim_wrapper = dict(paramwise_cfg={{_base_.fan_seg_paramwise}})
+model = {{_base_.fan_seg_model}}
+optim_wrapper = {{_base_.fan_seg_optim_wrapper}}
 auto_scale_lr = dict(enable=False, base_batch_size=16)

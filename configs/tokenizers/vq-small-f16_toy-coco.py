@@ -1,5 +1,6 @@
 # A small f16 VQ tokenizer (1 res block per level, 32 filters, BatchNorm; ./_base_/) trained on
-# the toy COCO images, unlabelled: `python tools/train_vq.py configs/tokenizers/vq-small-f16_toy-coco.py`.
+# the toy COCO images, unlabelled:
+#   python tools/train_vq.py configs/tokenizers/vq-small-f16_toy-coco.py
 # About 5 minutes on 2 CPU cores; the result (work_dirs/vq-small-f16_toy-coco/tokenizer.pth) is
 # what the toy DAT and Dr-ViT configs load.
 _base_ = ['./_base_/vq-small-f16-toy.py']

@@ -1,14 +1,9 @@
 # Mask R-CNN (ResNet-18 + FPN, 128-channel heads) trained from scratch on mmrobust's toy COCO:
 # a few minutes on a 2-core CPU, box/mask AP clearly above zero. The stock-backbone baseline
 # of the toy suite.
-#   python data/generate_toy_data.py && python tools/train.py configs/toy/mask-rcnn_r18_fpn_toy-coco.py
-_base_ = [
-    'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
-    '../_base_/datasets/toy_coco_instance.py',
-    '../_base_/schedules/toy_iter.py',
-    'mmdet::_base_/default_runtime.py',
-]
-custom_imports = dict(imports=['mmrobust'], allow_failed_imports=False)
+#   python data/generate_toy_data.py
+#   python tools/train.py configs/toy/mask-rcnn_r18_fpn_toy-coco.py
+_base_ = ['mmdet::_base_/models/mask-rcnn_r50_fpn.py', '../_base_/toy_det_runtime.py']
 
 # ==== frequently modified ====
 num_classes = 5
@@ -37,10 +32,3 @@ model = dict(
         rpn_proposal=dict(nms_pre=1000, max_per_img=500),
         rcnn=dict(sampler=dict(num=64))),
     test_cfg=dict(rpn=dict(nms_pre=500, max_per_img=300)))
-
-default_hooks = dict(
-    logger=dict(interval=20),
-    checkpoint=dict(by_epoch=False, interval=100, max_keep_ckpts=2))
-auto_scale_lr = dict(enable=False, base_batch_size=2)
-log_processor = dict(by_epoch=False)
-randomness = dict(seed=0)  # reproducible toy runs

@@ -8,18 +8,24 @@ For Dr-ViT the map is the class token's row; FAN's dense models have no class to
 is the mean over all query tokens (how much each token feeds the output).
 """
 import math
+import os
+import os.path as osp
 from contextlib import contextmanager
-from typing import Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+import cv2
+import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ..models.backbones.drvit import Attention as ViTAttention
 from ..models.backbones.drvit import DrViT
 from ..models.backbones.fan import FANBlock, FANHybrid, TokenMixing
 from ..models.layers import ChannelProcessing
+from ..utils.io import atomic_image, atomic_json, save_figure
 
-__all__ = ['attention_probs', 'rollout', 'AttentionRecorder']
+__all__ = ['attention_probs', 'rollout', 'AttentionRecorder', 'attention_report', 'overlay']
 
 
 def attention_probs(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -113,3 +119,70 @@ class AttentionRecorder:
         if not self.gates:
             return torch.empty(0)
         return torch.stack([g.flatten(1) for g in self.gates], 1)
+
+
+# -- a report over images --------------------------------------------------------------------------
+
+def overlay(rgb: np.ndarray, heat: np.ndarray) -> np.ndarray:
+    """``heat`` (H, W) as a jet colour map blended over ``rgb``; returns BGR."""
+    heat = (255 * heat / max(heat.max(), 1e-12)).astype(np.uint8)
+    color = cv2.applyColorMap(heat, cv2.COLORMAP_JET)
+    return cv2.addWeighted(cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), 0.5, color, 0.5, 0)
+
+
+def attention_report(model: nn.Module, paths: Sequence[str], corruptions: Sequence[str],
+                     severity: int, out_dir: str, seed: int = 0, max_size: int = 512) -> Dict:
+    """Rollout maps and channel gates of ``model`` on clean and corrupted images.
+
+    Writes per image ``<name>.png`` (inputs above their rollout overlays) and, for FAN,
+    ``gates_<name>.png``; ``attention.json`` holds per image and corruption the L1 distance of
+    the rollout map to the clean one and the gate statistics. Returns that JSON's content.
+    """
+    from ..corruptions import corrupt, derive_seed
+    from .token_view import read_rgb
+    recorder = AttentionRecorder(model)
+    os.makedirs(out_dir, exist_ok=True)
+    report = {}
+    for path in paths:
+        name = osp.splitext(osp.basename(path))[0]
+        img = read_rgb(path, max_size)
+        variants = {'clean': img}
+        for c in corruptions:
+            variants[c] = corrupt(img, c, severity,
+                                  seed=derive_seed(seed, path, c, severity))
+        maps, gates = {}, {}
+        for label, rgb in variants.items():
+            # NOTE: as loaded by the pipelines (BGR); the preprocessor flips it if it should
+            inputs = torch.from_numpy(np.ascontiguousarray(rgb[..., ::-1])).permute(2, 0, 1)
+            data = model.data_preprocessor(dict(inputs=[inputs]), False)
+            with recorder.record():
+                model.backbone(data['inputs'])
+            grid = recorder.maps()[0]
+            up = F.interpolate(grid[None, None], scale_factor=16, mode='bilinear')[0, 0]
+            maps[label] = up[:img.shape[0], :img.shape[1]].numpy()
+            gates[label] = recorder.gate_matrix()
+        top = np.concatenate([cv2.cvtColor(v, cv2.COLOR_RGB2BGR) for v in variants.values()], 1)
+        bottom = np.concatenate([overlay(variants[k], m) for k, m in maps.items()], 1)
+        atomic_image(osp.join(out_dir, f'{name}.png'), np.concatenate([top, bottom], 0))
+        clean = maps['clean'] / maps['clean'].sum()
+        entry = {k: dict(rollout_l1_to_clean=float(np.abs(m / m.sum() - clean).sum()))
+                 for k, m in maps.items()}
+        if gates['clean'].numel():
+            import matplotlib
+            matplotlib.use('Agg')
+            import matplotlib.pyplot as plt
+            fig, axes = plt.subplots(1, len(gates), figsize=(3 * len(gates), 3), squeeze=False)
+            for ax, (k, g) in zip(axes[0], gates.items()):
+                ax.imshow(g[0].numpy(), aspect='auto', cmap='viridis')
+                ax.set_title(k, fontsize=8)
+                ax.set_xlabel('channel')
+                ax.set_ylabel('FAN block')
+                entry[k]['gate_mean'] = float(g.mean())
+                entry[k]['gate_l1_to_clean'] = float((g - gates['clean']).abs().mean())
+            save_figure(fig, osp.join(out_dir, f'gates_{name}.png'), dpi=100)
+        report[path] = entry
+        print(name, ', '.join(f'{k}: rollout L1 {v["rollout_l1_to_clean"]:.3f}'
+                              for k, v in entry.items() if k != 'clean'))
+    result = dict(severity=severity, images=report)
+    atomic_json(osp.join(out_dir, 'attention.json'), result)
+    return result

@@ -7,9 +7,6 @@ to the batch the model sees, after its data preprocessor (the same pixel-space m
 score is the config's own test metric (box AP, mIoU) on a fixed image subset.
 """
 import copy
-import json
-import os
-import os.path as osp
 from contextlib import contextmanager
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -17,7 +14,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..engine.hooks.dat import PixelSpace, valid_mask
+from ..models.data_preprocessors import PixelSpace, patched_forward, perturb_in_pixels
+from ..utils import ResultsStore, leaf_datasets, save_figure
 
 __all__ = ['fourier_basis', 'frequency_grid', 'fourier_perturb', 'patch_mask',
            'perturbed_preprocessor', 'PerturbationStudy', 'mirror_heatmap', 'open_study',
@@ -26,7 +24,7 @@ __all__ = ['fourier_basis', 'frequency_grid', 'fourier_perturb', 'patch_mask',
 Perturb = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
-# -- perturbations --------------------------------------------------------------------------------
+# -- perturbations ---------------------------------------------------------------------------------
 
 def fourier_basis(h: int, w: int, u: int, v: int) -> torch.Tensor:
     """The real 2D Fourier basis image of frequency (u, v) (cycles per image), unit L2 norm.
@@ -97,26 +95,18 @@ def perturbed_preprocessor(model: nn.Module, perturb: Perturb) -> Iterator[None]
     """Apply ``perturb(pixels, mask, batch_index)`` ([0, 1] RGB) to every test batch."""
     pre = model.data_preprocessor
     space = PixelSpace(pre).to(next(model.parameters()).device)
-    original = type(pre).forward.__get__(pre)
     calls = [0]
 
-    def forward(data: dict, training: bool = False) -> dict:
-        out = original(data, training)
-        x = out['inputs']
-        mask = valid_mask(out.get('data_samples'), tuple(x.shape), x.device)
-        pixels = space.to_pixels(x)
-        new = torch.where(mask, perturb(pixels, mask, calls[0]), pixels)
+    def transform(out: dict, training: bool) -> dict:
+        out = perturb_in_pixels(space, out, lambda p, m: perturb(p, m, calls[0]))
         calls[0] += 1
-        return dict(out, inputs=space.from_pixels(new).to(x.dtype))
+        return out
 
-    pre.forward = forward
-    try:
+    with patched_forward(pre, transform):
         yield
-    finally:
-        pre.__dict__.pop('forward', None)
 
 
-# -- studies --------------------------------------------------------------------------------------
+# -- studies ---------------------------------------------------------------------------------------
 
 class PerturbationStudy:
     """Evaluates a built, loaded runner under perturbations on a fixed subset of test images,
@@ -125,34 +115,18 @@ class PerturbationStudy:
     def __init__(self, runner, cfg, results_path: str, identity: Dict, num_images: int = 0,
                  seed: int = 0) -> None:
         self.runner, self.cfg, self.seed = runner, cfg, seed
-        self.path = results_path
-        self.identity = dict(identity, num_images=num_images, seed=seed)
         self.loader = copy.deepcopy(cfg.test_dataloader)
-        leaf = self.loader['dataset']
-        while 'dataset' in leaf:
-            leaf = leaf['dataset']
         if num_images:
-            leaf['indices'] = num_images  # NOTE: mmengine's BaseDataset keeps the first N
-        self.data: Dict = {'identity': self.identity, 'settings': {}}
-        if osp.isfile(results_path):
-            with open(results_path) as f:
-                saved = json.load(f)
-            if saved.get('identity') != self.identity:
-                diff = sorted(k for k in set(saved.get('identity', {})) | set(self.identity)
-                              if saved.get('identity', {}).get(k) != self.identity.get(k))
-                raise ValueError(f'{results_path} was written by another study (differs in '
-                                 f'{diff}); pass another --out-dir or delete it')
-            self.data = saved
+            for leaf in leaf_datasets(self.loader['dataset']):
+                leaf['indices'] = num_images  # NOTE: mmengine's BaseDataset keeps the first N
+        self.store = ResultsStore(results_path, dict(identity, num_images=num_images, seed=seed),
+                                  entries_key='settings', identity_key='identity',
+                                  fix='it was written by another study; pass another '
+                                  '--out-dir or delete it')
+        self.data = self.store.data
 
     def done(self, key: str) -> bool:
-        return key in self.data['settings']
-
-    def _save(self) -> None:
-        os.makedirs(osp.dirname(osp.abspath(self.path)), exist_ok=True)
-        tmp = f'{self.path}.tmp'
-        with open(tmp, 'w') as f:
-            json.dump(self.data, f, indent=1)
-        os.replace(tmp, self.path)
+        return self.store.done(key)
 
     def evaluate(self, key: str, perturb: Optional[Perturb]) -> Dict[str, float]:
         """The metrics under ``perturb`` (None: clean), cached under ``key``."""
@@ -179,9 +153,8 @@ class PerturbationStudy:
         if not metrics and self.done('clean'):
             # NOTE: mmdet's CocoMetric returns nothing when no image has a detection: score 0
             metrics = {k: 0.0 for k in self.data['settings']['clean']}
-        self.data['settings'][key] = metrics
-        self._save()
-        return self.data['settings'][key]
+        self.store.record(key, value=metrics)
+        return metrics
 
     def generator(self, key: str) -> torch.Generator:
         state = np.random.SeedSequence([self.seed, *key.encode()]).generate_state(1)[0]
@@ -212,7 +185,7 @@ class PerturbationStudy:
         return self.data['settings']
 
 
-# -- set-up and figures ---------------------------------------------------------------------------
+# -- set-up and figures ----------------------------------------------------------------------------
 
 PREFERRED_METRICS = ('coco/bbox_mAP', 'coco/segm_mAP', 'mIoU', 'aAcc')
 
@@ -272,10 +245,7 @@ def plot_heatmaps(results: Dict[str, Dict], path: str, metric: Optional[str] = N
         ax.set_xlabel('v (cycles / image)')
         ax.set_ylabel('u (cycles / image)')
         fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_masking(results: Dict[str, Dict], path: str, metric: Optional[str] = None) -> str:
@@ -296,7 +266,4 @@ def plot_masking(results: Dict[str, Dict], path: str, metric: Optional[str] = No
     ax.set_ylabel('score')
     ax.set_title('patch masking')
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

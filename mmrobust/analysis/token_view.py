@@ -5,7 +5,6 @@ Dr-ViT or a DAT-trained model gets), for the clean image and each corruption; ov
 and severities it reports the fraction of code positions that a corruption changes (the
 invariance of the discrete representation) and the reconstruction PSNR.
 """
-import json
 import os
 import os.path as osp
 from typing import Dict, List, Optional, Sequence
@@ -17,6 +16,7 @@ import torch.nn as nn
 
 from ..corruptions import CORRUPTIONS, corrupt, derive_seed
 from ..models.tokenizers import VQGAN, VQGAN_ARCHS, quantize_images
+from ..utils.io import atomic_image, atomic_json, save_figure
 
 __all__ = ['load_tokenizer', 'read_rgb', 'token_view', 'plot_code_changes']
 
@@ -88,13 +88,6 @@ def _labelled(img: np.ndarray, text: str) -> np.ndarray:
     return out
 
 
-def _write_png(path: str, bgr: np.ndarray) -> None:
-    tmp = f'{path}.tmp.png'
-    if not cv2.imwrite(tmp, bgr):
-        raise OSError(f'could not write {path}')
-    os.replace(tmp, path)
-
-
 def token_view(tokenizer: nn.Module, images: Dict[str, np.ndarray], out_dir: str,
                corruptions: Sequence[str], severities: Sequence[int] = (1, 2, 3, 4, 5),
                show_severity: int = 3, seed: int = 0, progress: bool = True) -> Dict:
@@ -134,7 +127,7 @@ def token_view(tokenizer: nn.Module, images: Dict[str, np.ndarray], out_dir: str
                     bottom.append(_labelled(bad_recon,
                                             f'{100 * changed[c][s][-1]:.0f}% codes changed'))
         grid = np.concatenate([np.concatenate(top, 1), np.concatenate(bottom, 1)], 0)
-        _write_png(osp.join(out_dir, f'{osp.splitext(osp.basename(name))[0]}.png'), grid)
+        atomic_image(osp.join(out_dir, f'{osp.splitext(osp.basename(name))[0]}.png'), grid)
     result = dict(
         images=len(images), seed=seed, severities=list(severities),
         recon_psnr_clean=float(np.mean(psnr_clean)),
@@ -143,10 +136,7 @@ def token_view(tokenizer: nn.Module, images: Dict[str, np.ndarray], out_dir: str
                        for c, d in changed.items()},
         recon_psnr_corrupted={c: {str(s): float(np.mean(v)) for s, v in d.items()}
                               for c, d in psnr_corrupted.items()})
-    tmp = osp.join(out_dir, 'token_view.json.tmp')
-    with open(tmp, 'w') as f:
-        json.dump(result, f, indent=1)
-    os.replace(tmp, osp.join(out_dir, 'token_view.json'))
+    atomic_json(osp.join(out_dir, 'token_view.json'), result)
     return result
 
 
@@ -165,7 +155,4 @@ def plot_code_changes(result: Dict, path: str) -> str:
     ax.set_ylabel('codes changed (%)')
     ax.set_title(f"codes changed by each corruption ({result['images']} images)")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -17,8 +17,13 @@ from mmengine.logging import print_log
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-from mmrobust.utils.config_checks import (check_custom_imports, check_dataset_paths,
-                                          config_scope, explain_registry_errors)
+from mmrobust.utils.config_checks import (
+    check_custom_imports,
+    check_dataset_paths,
+    config_scope,
+    explain_registry_errors,
+    leaf_datasets,
+)
 
 __all__ = ['apply_common_args', 'apply_train_args', 'apply_test_args', 'build_runner',
            'setup_distributed']
@@ -111,10 +116,7 @@ def _enable_tta(cfg: Config) -> None:
         cfg.setdefault('tta_model', dict(type='DetTTAModel', tta_cfg=dict(
             nms=dict(type='nms', iou_threshold=0.5), max_per_img=100)))
         if 'tta_pipeline' not in cfg:
-            ds = cfg.test_dataloader.dataset
-            while 'dataset' in ds:
-                ds = ds.dataset
-            pipeline = deepcopy(ds.pipeline)
+            pipeline = deepcopy(leaf_datasets(cfg.test_dataloader.dataset)[0]['pipeline'])
             pipeline[-1] = dict(type='TestTimeAug', transforms=[
                 [dict(type='RandomFlip', prob=1.), dict(type='RandomFlip', prob=0.)],
                 [dict(type='PackDetInputs', meta_keys=(

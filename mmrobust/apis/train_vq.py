@@ -14,7 +14,7 @@ import os
 import os.path as osp
 import random
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Tuple
 
 import cv2
 import numpy as np
@@ -23,82 +23,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.config import Config
 
+from ..datasets.image_crops import ImageCrops, dataset_image_paths
 from ..registry import MODELS
+from ..utils.io import atomic_image, atomic_json, atomic_write
 
-# ----------------------------------------------------------------------------------------------
-# data
-# ----------------------------------------------------------------------------------------------
-
-
-class ImageCrops(torch.utils.data.Dataset):
-    """Square crops, in [0, 1] RGB, of a dataset's images at about the scale models see them.
-
-    Training crops: the image rescaled by a random factor of ``scale_range`` (relative to its
-    file's size), a random position, a random horizontal flip. Evaluation crops
-    (``train=False``): rescaled by the middle of ``scale_range``, central. An image smaller than
-    the crop at that scale is enlarged to fit.
-
-    NOTE: the crops keep the image's own scale rather than shrinking the whole image to the crop
-    size: a tokenizer trained on thumbnails learns far denser detail than it meets on the
-    full-size images that detectors and DAT feed it.
-    """
-
-    def __init__(self, paths: List[str], size: int, train: bool,
-                 scale_range: Sequence[float] = (0.5, 1.0)) -> None:
-        if not paths:
-            raise FileNotFoundError('the dataset has no images')
-        if len(scale_range) != 2 or not 0 < scale_range[0] <= scale_range[1]:
-            raise ValueError(f'scale_range must be (low, high) with 0 < low <= high, got '
-                             f'{scale_range}')
-        self.paths, self.size, self.train = paths, size, train
-        self.scale_range = tuple(float(s) for s in scale_range)
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        img = cv2.imread(self.paths[index], cv2.IMREAD_COLOR)
-        if img is None:
-            raise OSError(f'cannot read image {self.paths[index]}')
-        img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
-        h, w = img.shape[:2]
-        low, high = self.scale_range
-        scale = random.uniform(low, high) if self.train else (low + high) / 2
-        scale = max(scale, self.size / min(h, w))
-        if scale != 1:
-            img = cv2.resize(img, (max(self.size, round(w * scale)),
-                                   max(self.size, round(h * scale))),
-                             interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR)
-        h, w = img.shape[:2]
-        top = random.randint(0, h - self.size) if self.train else (h - self.size) // 2
-        left = random.randint(0, w - self.size) if self.train else (w - self.size) // 2
-        img = img[top:top + self.size, left:left + self.size]
-        if self.train and random.random() < 0.5:
-            img = img[:, ::-1]
-        return torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).float() / 255
-
-
-def dataset_image_paths(config: str, loader: str) -> List[str]:
-    """Paths of the images of ``loader``'s dataset in an mmdet/mmseg config (no labels read)."""
-    from mmengine.registry import init_default_scope
-
-    import mmrobust  # noqa: F401
-    from ..utils import check_dataset_paths, config_scope
-    cfg = Config.fromfile(config)
-    scope = config_scope(cfg)
-    check_dataset_paths(cfg, [loader])
-    init_default_scope(scope)
-    registry = __import__(f'{scope}.registry', fromlist=['DATASETS']).DATASETS
-    dataset_cfg = cfg[loader]['dataset']
-    dataset_cfg = dict(dataset_cfg, pipeline=[])
-    dataset_cfg.pop('filter_cfg', None)
-    dataset = registry.build(dataset_cfg)
-    return [dataset.get_data_info(i)['img_path'] for i in range(len(dataset))]
-
-
-# ----------------------------------------------------------------------------------------------
-# losses and statistics
-# ----------------------------------------------------------------------------------------------
+# -- losses and statistics -------------------------------------------------------------------------
 
 
 class PatchDiscriminator(nn.Module):
@@ -139,9 +68,7 @@ def code_stats(counts: torch.Tensor) -> Dict[str, float]:
     return {'perplexity': float(entropy.exp()), 'used_codes': int((counts > 0).sum())}
 
 
-# ----------------------------------------------------------------------------------------------
-# training
-# ----------------------------------------------------------------------------------------------
+# -- training --------------------------------------------------------------------------------------
 
 DEFAULTS = dict(iters=1000, batch_size=8, crop_size=128, scale_range=(0.5, 1.0),
                 eval_crop_size=None, lr=2e-4, lr_schedule='constant', betas=(0.5, 0.9),
@@ -193,9 +120,8 @@ class CodebookEMA:
 
 
 def _atomic_save(obj, path: str) -> None:
-    tmp = f'{path}.tmp-{os.getpid()}'
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with atomic_write(path, 'wb') as f:
+        torch.save(obj, f)
 
 
 def _preview(originals: torch.Tensor, recons: torch.Tensor, path: str) -> None:
@@ -203,9 +129,7 @@ def _preview(originals: torch.Tensor, recons: torch.Tensor, path: str) -> None:
     top = torch.cat(list(originals[:8]), dim=2)
     bottom = torch.cat(list(recons[:8].clamp(0, 1)), dim=2)
     grid = (torch.cat([top, bottom], dim=1).permute(1, 2, 0).numpy() * 255).round()
-    tmp = path + '.tmp.png'
-    cv2.imwrite(tmp, cv2.cvtColor(grid.astype(np.uint8), cv2.COLOR_RGB2BGR))
-    os.replace(tmp, path)
+    atomic_image(path, cv2.cvtColor(grid.astype(np.uint8), cv2.COLOR_RGB2BGR))
 
 
 @torch.no_grad()
@@ -239,8 +163,9 @@ def train_vq(cfg: Config, work_dir: str, resume: bool = False) -> Dict[str, floa
         if size % model.factor:
             raise ValueError(f'{key} {size} must be a multiple of the tokenizer factor '
                              f'{model.factor}')
-    train_set = ImageCrops(dataset_image_paths(data['config'], data.get('train', 'train_dataloader')),
-                           opts['crop_size'], train=True, scale_range=opts['scale_range'])
+    train_paths = dataset_image_paths(data['config'], data.get('train', 'train_dataloader'))
+    train_set = ImageCrops(train_paths, opts['crop_size'], train=True,
+                           scale_range=opts['scale_range'])
     eval_paths = dataset_image_paths(data['config'], data.get('val', 'val_dataloader'))
     eval_set = ImageCrops(eval_paths[:opts['eval_images']], eval_crop, train=False,
                           scale_range=opts['scale_range'])
@@ -249,8 +174,8 @@ def train_vq(cfg: Config, work_dir: str, resume: bool = False) -> Dict[str, floa
     codebook = model.quantize.embedding.weight
     ema = CodebookEMA(codebook.data, opts['codebook_ema']) if opts['codebook_ema'] else None
     # NOTE: with the EMA update the codebook is not the optimiser's (its loss gradient is unused)
-    optimizer = torch.optim.Adam([p for p in model.parameters() if ema is None or p is not codebook],
-                                 lr=opts['lr'], betas=tuple(opts['betas']),
+    learned = [p for p in model.parameters() if ema is None or p is not codebook]
+    optimizer = torch.optim.Adam(learned, lr=opts['lr'], betas=tuple(opts['betas']),
                                  weight_decay=opts['weight_decay'])
     total = max(opts['iters'], 1)
     # NOTE: a function of the iteration alone, so a resumed run continues the same curve
@@ -366,8 +291,5 @@ def train_vq(cfg: Config, work_dir: str, resume: bool = False) -> Dict[str, floa
     result = {'iters': it, 'seconds': round(time.time() - t0, 1), **stats,
               **baselines(eval_images, model.factor)}
     _preview(eval_images, recon, osp.join(work_dir, 'previews', 'final.png'))
-    tmp = osp.join(work_dir, 'eval.json.tmp')
-    with open(tmp, 'w') as f:
-        json.dump(result, f, indent=1)
-    os.replace(tmp, osp.join(work_dir, 'eval.json'))
+    atomic_json(osp.join(work_dir, 'eval.json'), result)
     return result

@@ -126,11 +126,10 @@ def motion_blur(img: np.ndarray, weights: np.ndarray, dys: np.ndarray, dxs: np.n
     return out.reshape(height, width, channels)
 
 
-# ----------------------------------------------------------------------------------------------
-# NumPy's legacy RandomState streams (MT19937), for the distributions whose C loops dominate
-# the noise corruptions. Each draws exactly the numbers RandomState.poisson / .normal would draw
-# from the same state and leaves the state where RandomState would; `legacy.py` wraps them.
-# ----------------------------------------------------------------------------------------------
+# -- NumPy's legacy RandomState streams (MT19937) -------------------------------------------------
+# For the distributions whose C loops dominate the noise corruptions. Each draws exactly the
+# numbers RandomState.poisson / .normal would draw from the same state and leaves the state where
+# RandomState would; `legacy.py` wraps them.
 
 _MT_N = 624
 _MT_M = 397

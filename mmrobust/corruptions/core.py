@@ -1,6 +1,6 @@
 """``corrupt()``: one corruption at one severity on one image, and per-image seed derivation."""
 import hashlib
-from typing import Optional, Union
+from typing import Union
 
 import cv2
 import numpy as np

@@ -1,4 +1,4 @@
-"""The 19 image corruptions of ImageNet-C (Hendrycks & Dietterich, 2019) as fast, seedable functions.
+"""The 19 image corruptions of ImageNet-C (Hendrycks & Dietterich, 2019), fast and seedable.
 
 Severity parameters and arithmetic follow the reference implementation, the ``imagecorruptions``
 package (bethgelab, Apache-2.0), which defines what "severity s" means in COCO-C and
@@ -33,9 +33,7 @@ from scipy.ndimage import zoom as scipy_zoom
 
 from . import _kernels, legacy
 
-# ----------------------------------------------------------------------------------------------
-# helpers
-# ----------------------------------------------------------------------------------------------
+# -- helpers ---------------------------------------------------------------------------------------
 
 def to_uint8(values: np.ndarray, high: float = 1.0, scale: float = 255.0) -> np.ndarray:
     """``np.uint8(np.clip(values, 0, high) * scale)`` (the reference's final step), fused."""
@@ -189,9 +187,7 @@ def _frost_rescaled(index: int, height: int, width: int) -> np.ndarray:
     return rescaled
 
 
-# ----------------------------------------------------------------------------------------------
-# noise
-# ----------------------------------------------------------------------------------------------
+# -- noise -----------------------------------------------------------------------------------------
 
 def gaussian_noise(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
     scale = [.08, .12, 0.18, 0.26, 0.38][severity - 1]
@@ -229,9 +225,7 @@ def speckle_noise(img: np.ndarray, severity: int, rng: np.random.RandomState) ->
     return to_uint8(out)
 
 
-# ----------------------------------------------------------------------------------------------
-# blur
-# ----------------------------------------------------------------------------------------------
+# -- blur ------------------------------------------------------------------------------------------
 
 def gaussian_blur(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
     sigma = [1, 2, 3, 4, 6][severity - 1]
@@ -282,9 +276,7 @@ def zoom_blur(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.
     return to_uint8((src + out) / (len(factors) + 1))
 
 
-# ----------------------------------------------------------------------------------------------
-# weather
-# ----------------------------------------------------------------------------------------------
+# -- weather ---------------------------------------------------------------------------------------
 
 def snow(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
     loc, scale, zoom_factor, threshold, radius, sigma, blend = [
@@ -360,9 +352,7 @@ def spatter(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.nd
     return to_uint8(x + colour)
 
 
-# ----------------------------------------------------------------------------------------------
-# digital
-# ----------------------------------------------------------------------------------------------
+# -- digital ---------------------------------------------------------------------------------------
 
 def brightness(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
     shift = [.1, .2, .3, .4, .5][severity - 1]

@@ -26,21 +26,19 @@ import cv2
 import numpy as np
 from PIL import Image
 
+from ..utils.io import TMP_MARK, atomic_bytes
 from .core import corrupt, derive_seed
 from .protocols import Protocol, resolve_protocol
 
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
 MANIFEST = 'manifest.json'
-_TMP_MARK = '.mmrobust-tmp-'
 
 
 class SourceImageError(Exception):
     """A source image that cannot be decoded (truncated, corrupt, unsupported mode)."""
 
 
-# ----------------------------------------------------------------------------------------------
-# layout
-# ----------------------------------------------------------------------------------------------
+# -- layout ----------------------------------------------------------------------------------------
 
 def detect_layout(src: Path, subdirs: Optional[Sequence[str]] = None,
                   links: Optional[Sequence[str]] = None) -> Tuple[List[str], List[str]]:
@@ -76,14 +74,12 @@ def list_images(src: Path, subdirs: Iterable[str]) -> List[str]:
     for rel in subdirs:
         for path in (src / rel).rglob('*'):
             if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() and \
-                    _TMP_MARK not in path.name:
+                    TMP_MARK not in path.name:
                 found.add(path.relative_to(src).as_posix())
     return sorted(found)
 
 
-# ----------------------------------------------------------------------------------------------
-# one image
-# ----------------------------------------------------------------------------------------------
+# -- one image -------------------------------------------------------------------------------------
 
 def read_image(path: Path) -> np.ndarray:
     """Decode an 8-bit image fully (truncated files raise) as HxW, HxWx3 RGB or HxWx4 RGBA."""
@@ -120,17 +116,6 @@ def encode_image(img: np.ndarray, suffix: str, jpeg_quality: int, png_compressio
     return buf.tobytes()
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename (never half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f'{path.name}{_TMP_MARK}{os.getpid()}')
-    with open(tmp, 'wb') as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _process(job: Tuple[str, List[Tuple[str, int]]]) -> Tuple[str, int, Optional[str]]:
     """Worker: corrupt one source image into every missing cell. Returns (path, written, error)."""
     rel, cells = job
@@ -146,7 +131,7 @@ def _process(job: Tuple[str, List[Tuple[str, int]]]) -> Tuple[str, int, Optional
                       channel_order=opts['channel_order'])
         data = encode_image(out, Path(rel).suffix, opts['jpeg_quality'], opts['png_compression'],
                             opts['lossless'])
-        write_atomic(opts['out'] / name / str(severity) / rel, data)
+        atomic_bytes(opts['out'] / name / str(severity) / rel, data)
     return rel, len(cells), None
 
 
@@ -158,16 +143,14 @@ def _init_worker(opts: Dict) -> None:
     cv2.setNumThreads(1)  # NOTE: parallelism is across processes; threads would oversubscribe
 
 
-# ----------------------------------------------------------------------------------------------
-# the run
-# ----------------------------------------------------------------------------------------------
+# -- the run ---------------------------------------------------------------------------------------
 
 def _link(src: Path, dst: Path, copy: bool) -> None:
     if dst.is_symlink() or dst.exists():
         return
     dst.parent.mkdir(parents=True, exist_ok=True)
     if copy:
-        tmp = dst.with_name(dst.name + _TMP_MARK + str(os.getpid()))
+        tmp = dst.with_name(dst.name + TMP_MARK + str(os.getpid()))
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, tmp)
         os.replace(tmp, dst)
     else:
@@ -177,7 +160,7 @@ def _link(src: Path, dst: Path, copy: bool) -> None:
 def _remove_stale_temporaries(out: Path) -> int:
     removed = 0
     if out.is_dir():
-        for path in out.rglob(f'*{_TMP_MARK}*'):
+        for path in out.rglob(f'*{TMP_MARK}*'):
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
             else:
@@ -277,7 +260,7 @@ def generate(src: Path, out: Path, protocol: Protocol, seed: int = 0, workers: i
         'failed': failed,
         'seconds_this_run': round(time.time() - start, 2),
     }
-    write_atomic(out / MANIFEST, json.dumps(manifest, indent=2).encode())
+    atomic_bytes(out / MANIFEST, json.dumps(manifest, indent=2).encode())
     return manifest
 
 

@@ -10,12 +10,13 @@ files do not depend on generation order, and all writes go through a temp file +
 """
 import json
 import math
-import os
 import os.path as osp
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import cv2
 import numpy as np
+
+from ..utils.io import atomic_bytes
 
 TOY_COCO_CLASSES = ('circle', 'square', 'triangle', 'star', 'hexagon')
 # NOTE: each class has its own hue band (plus its shape), so a small detector trained for a few
@@ -37,17 +38,9 @@ IGNORE_INDEX = 255
 _SPLITS = {'train': 0, 'val': 1}
 
 
-# --------------------------------------------------------------------------- helpers
+# -- helpers ---------------------------------------------------------------------------------------
 def _rng(seed: int, split: str, index: int) -> np.random.Generator:
     return np.random.default_rng([seed, _SPLITS[split], index])
-
-
-def _atomic_write_bytes(path: str, data: bytes) -> None:
-    os.makedirs(osp.dirname(path), exist_ok=True)
-    tmp = f'{path}.tmp{os.getpid()}'
-    with open(tmp, 'wb') as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def _write_image(path: str, img_rgb: np.ndarray, jpeg_quality: int = 92) -> None:
@@ -57,11 +50,11 @@ def _write_image(path: str, img_rgb: np.ndarray, jpeg_quality: int = 92) -> None
     ok, buf = cv2.imencode(ext, np.ascontiguousarray(img), params)
     if not ok:
         raise RuntimeError(f'OpenCV could not encode {path}')
-    _atomic_write_bytes(path, buf.tobytes())
+    atomic_bytes(path, buf.tobytes(), fsync=False)
 
 
 def _write_json(path: str, obj: dict) -> None:
-    _atomic_write_bytes(path, json.dumps(obj).encode())
+    atomic_bytes(path, json.dumps(obj).encode(), fsync=False)
 
 
 def _value_noise(rng: np.random.Generator, h: int, w: int, octaves: int = 4) -> np.ndarray:
@@ -136,7 +129,7 @@ def _hsv_to_rgb(h: float, s: float, v: float) -> np.ndarray:
     return cv2.cvtColor(px, cv2.COLOR_HSV2RGB)[0, 0].astype(np.float32)
 
 
-# --------------------------------------------------------------------------- toy COCO
+# -- toy COCO --------------------------------------------------------------------------------------
 def _toy_coco_image(rng: np.random.Generator) -> Tuple[np.ndarray, List[dict]]:
     w, h = (int(v) for v in rng.integers(256, 321, 2))
     img = _textured_background(rng, h, w)
@@ -182,7 +175,8 @@ def _toy_coco_image(rng: np.random.Generator) -> Tuple[np.ndarray, List[dict]]:
     return np.clip(img, 0, 255).astype(np.uint8), objects
 
 
-def make_toy_coco(root: str, seed: int = 0, num_train: int = 96, num_val: int = 24) -> Dict[str, int]:
+def make_toy_coco(root: str, seed: int = 0, num_train: int = 96,
+                  num_val: int = 24) -> Dict[str, int]:
     """Write a toy COCO 2017-layout instance segmentation dataset to `root`.
 
     Layout: `train2017/`, `val2017/` (JPEG) and `annotations/instances_{train,val}2017.json`,
@@ -212,7 +206,7 @@ def make_toy_coco(root: str, seed: int = 0, num_train: int = 96, num_val: int = 
     return counts
 
 
-# --------------------------------------------------------------------------- toy Cityscapes
+# -- toy Cityscapes --------------------------------------------------------------------------------
 def _paint(img: np.ndarray, label: np.ndarray, mask: np.ndarray, train_id: int,
            rng: np.random.Generator, texture: np.ndarray) -> None:
     base = np.array(CITYSCAPES_PALETTE[train_id], np.float32) + rng.normal(0, 12, 3)
@@ -333,7 +327,8 @@ TOY_DATASETS: Dict[str, Callable[..., Dict[str, int]]] = {
 _MARKER = '.mmrobust_toy.json'
 
 
-def generate_toy_dataset(name: str, root: str, seed: int = 0, force: bool = False) -> Dict[str, int]:
+def generate_toy_dataset(name: str, root: str, seed: int = 0,
+                         force: bool = False) -> Dict[str, int]:
     """Generate toy dataset `name` into `root` unless a complete copy with this seed is there.
 
     A marker file written last records the seed and counts, so an interrupted run is redone and a

@@ -32,8 +32,8 @@ class Corrupt(BaseTransform):
             mmdet's historical (BGR) COCO-C numbers.
     """
 
-    def __init__(self, corruption: str, severity: int = 1, seed: int = 0, channel_order: str = 'bgr',
-                 bgr_compat: bool = False) -> None:
+    def __init__(self, corruption: str, severity: int = 1, seed: int = 0,
+                 channel_order: str = 'bgr', bgr_compat: bool = False) -> None:
         self.corruption = get_corruption(corruption).name
         if severity not in SEVERITIES:
             raise ValueError(f'Corrupt: severity must be in 1..5, got {severity!r}.')

@@ -1,4 +1,4 @@
-from .hooks import DATHook, PixelSpace
+from .hooks import DATHook
 from .optim_wrapper import CPUAmpOptimWrapper
 
-__all__ = ['CPUAmpOptimWrapper', 'DATHook', 'PixelSpace']
+__all__ = ['CPUAmpOptimWrapper', 'DATHook']

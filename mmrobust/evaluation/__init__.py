@@ -1,6 +1,13 @@
-"""Robustness evaluation (corruption cells, results files) and its reports."""
-from .robustness import (PipelineError, ResultsMismatchError, RobustnessResults, cell_dataloader,
-                         evaluate_robustness, find_loading_step)
+"""Robustness evaluation (corruption cells, results files), its metrics and its reports."""
+from ..utils.io import ResultsMismatchError
+from .metrics import CLEAN, robustness_summary
+from .robustness import (
+    PipelineError,
+    RobustnessResults,
+    cell_dataloader,
+    evaluate_robustness,
+    find_loading_step,
+)
 
-__all__ = ['PipelineError', 'ResultsMismatchError', 'RobustnessResults', 'cell_dataloader',
-           'evaluate_robustness', 'find_loading_step']
+__all__ = ['CLEAN', 'PipelineError', 'ResultsMismatchError', 'RobustnessResults',
+           'cell_dataloader', 'evaluate_robustness', 'find_loading_step', 'robustness_summary']

@@ -7,8 +7,9 @@ import os.path as osp
 import pickle
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..corruptions import CORRUPTIONS, Protocol
-from ..corruptions.protocols import CLEAN, robustness_summary
+from ..corruptions import CATEGORIES, CORRUPTIONS, Protocol
+from ..utils.io import save_figure
+from .metrics import CLEAN, robustness_summary
 
 # metrics shown by default, in this order, when present
 MAIN_METRICS = ('bbox_mAP', 'segm_mAP', 'mIoU', 'AP', 'mAP')
@@ -108,7 +109,7 @@ def summary_markdown(results_by_label: Mapping[str, Mapping],
             row = [_fmt(s['metrics'].get(name, {}).get('per_corruption', {}).get(c, float('nan')))
                    for s in summaries.values()]
             lines.append(f'| {c} | ' + ' | '.join(row) + ' |')
-        for cat in ('noise', 'blur', 'weather', 'digital'):
+        for cat in CATEGORIES:
             values = [s['metrics'].get(name, {}).get('per_category', {}).get(cat, float('nan'))
                       for s in summaries.values()]
             if any(v == v for v in values):
@@ -190,11 +191,7 @@ def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
 
 def _finish(fig, ax, ylabel: str, title: str, path: str) -> str:
     """Label, lay out, save and close a figure; returns its path."""
-    import matplotlib.pyplot as plt
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -7,10 +7,8 @@ workers) or read from a corrupted copy written by ``tools/make_corrupted.py``. A
 the results file is rewritten atomically; a rerun with the same identity skips finished cells.
 """
 import copy
-import datetime
 import hashlib
 import json
-import os
 import os.path as osp
 import time
 from typing import Dict, List, Optional
@@ -19,17 +17,15 @@ from mmengine.config import Config, ConfigDict
 from mmengine.dist import barrier, get_dist_info
 
 from ..corruptions import Protocol
-from ..corruptions.protocols import CLEAN
+from ..utils.config_checks import leaf_datasets
+from ..utils.io import ResultsStore
 from ..version import __version__
+from .metrics import CLEAN
 
 RESULTS_FORMAT = 'mmrobust-robustness/1'
 # the keys that must match for a results file to be resumed
 IDENTITY_KEYS = ('protocol', 'cells_planned', 'seed', 'bgr_compat', 'source', 'config_sha256',
                  'checkpoint_sha256')
-
-
-class ResultsMismatchError(RuntimeError):
-    """A results file was written for another config, checkpoint, protocol or corruption source."""
 
 
 class PipelineError(ValueError):
@@ -57,15 +53,7 @@ def config_sha256(cfg: Config) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-# ----------------------------------------------------------------------------------------------
-# pipelines and dataloaders per cell
-# ----------------------------------------------------------------------------------------------
-
-def _leaf_dataset(dataset: Dict) -> Dict:
-    while 'dataset' in dataset and isinstance(dataset['dataset'], dict):
-        dataset = dataset['dataset']
-    return dataset
-
+# -- pipelines and dataloaders per cell ------------------------------------------------------------
 
 def find_loading_step(pipeline: List[Dict]) -> int:
     """Index of the image-loading transform (``LoadImageFromFile`` and kin), found by type."""
@@ -87,68 +75,41 @@ def cell_dataloader(cfg: Config, corruption: Optional[str], severity: int, seed:
     loader = copy.deepcopy(cfg.test_dataloader)
     if corruption is None:
         return loader
-    dataset = _leaf_dataset(loader['dataset'])
-    if corrupted_root:
-        dataset['data_root'] = osp.join(corrupted_root, corruption, str(severity))
-        if not osp.isdir(dataset['data_root']):
-            raise FileNotFoundError(
-                f'{dataset["data_root"]} does not exist: write the corrupted set with '
-                f'`python tools/make_corrupted.py SRC {corrupted_root} ...` for this protocol, '
-                'or drop --corrupted-root to corrupt on the fly.')
-        return loader
-    pipeline = list(dataset['pipeline'])
-    at = find_loading_step(pipeline)
-    pipeline.insert(at + 1, dict(type='Corrupt', corruption=corruption, severity=severity,
-                                 seed=seed, bgr_compat=bgr_compat))
-    dataset['pipeline'] = pipeline
+    for dataset in leaf_datasets(loader['dataset']):
+        if corrupted_root:
+            dataset['data_root'] = osp.join(corrupted_root, corruption, str(severity))
+            if not osp.isdir(dataset['data_root']):
+                raise FileNotFoundError(
+                    f'{dataset["data_root"]} does not exist: write the corrupted set with '
+                    f'`python tools/make_corrupted.py SRC {corrupted_root} ...` for this '
+                    'protocol, or drop --corrupted-root to corrupt on the fly.')
+            continue
+        pipeline = list(dataset['pipeline'])
+        at = find_loading_step(pipeline)
+        pipeline.insert(at + 1, dict(type='Corrupt', corruption=corruption, severity=severity,
+                                     seed=seed, bgr_compat=bgr_compat))
+        dataset['pipeline'] = pipeline
     return loader
 
 
-# ----------------------------------------------------------------------------------------------
-# the results file
-# ----------------------------------------------------------------------------------------------
+# -- the results file ------------------------------------------------------------------------------
 
-class RobustnessResults:
+class RobustnessResults(ResultsStore):
     """The JSON results file: identity, cells and timings; atomic writes; resume checks."""
 
     def __init__(self, path: str, identity: Dict) -> None:
-        self.path = path
-        self.data = {'format': RESULTS_FORMAT, **identity, 'cells': {}, 'timing': {}}
-        if osp.exists(path):
-            with open(path) as f:
-                old = json.load(f)
-            diff = [k for k in IDENTITY_KEYS if old.get(k) != identity.get(k)]
-            if old.get('format') != RESULTS_FORMAT or diff:
-                details = '; '.join(f'{k}: file has {old.get(k)!r}, this run {identity.get(k)!r}'
-                                    for k in diff) or 'unknown format'
-                raise ResultsMismatchError(
-                    f'{path} holds results of a different evaluation ({details}). Refusing to '
-                    'mix them: delete the file to start fresh, or pass --results with another '
-                    'path.')
-            self.data['cells'] = old.get('cells', {})
-            self.data['timing'] = old.get('timing', {})
-            self.data['created'] = old.get('created')
+        super().__init__(path, {'format': RESULTS_FORMAT, **identity}, entries_key='cells',
+                         identity_keys=('format', ) + IDENTITY_KEYS,
+                         fix='delete the file to start fresh, or pass --results with another '
+                         'path')
+        self.data.setdefault('timing', {})
 
     def done(self, corruption: str, severity: int) -> bool:
-        return str(severity) in self.data['cells'].get(corruption, {})
+        return super().done(corruption, str(severity))
 
     def record(self, corruption: str, severity: int, metrics: Dict, timing: Dict) -> None:
-        self.data['cells'].setdefault(corruption, {})[str(severity)] = metrics
         self.data['timing'].setdefault(corruption, {})[str(severity)] = timing
-        self.save()
-
-    def save(self) -> None:
-        now = datetime.datetime.now().isoformat(timespec='seconds')
-        if not self.data.get('created'):
-            self.data['created'] = now
-        self.data['updated'] = now
-        os.makedirs(osp.dirname(osp.abspath(self.path)), exist_ok=True)
-        tmp = f'{self.path}.tmp-{os.getpid()}'
-        with open(tmp, 'w') as f:
-            json.dump(self.data, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        super().record(corruption, str(severity), value=metrics)
 
 
 def _numeric(metrics: Dict) -> Dict[str, float]:
@@ -184,7 +145,8 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     from tqdm import tqdm
 
     if corrupted_root is None:
-        find_loading_step(list(_leaf_dataset(cfg.test_dataloader['dataset'])['pipeline']))
+        for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
+            find_loading_step(list(dataset['pipeline']))
     rank, _ = get_dist_info()
     identity = {
         'protocol': protocol.name,

@@ -1,6 +1,8 @@
-from . import backbones, efficientdet, layers, tokenizers  # noqa: F401  (registers the models)
-from .backbones import DrViT, FANHybrid, FANSwin
-from .efficientdet import BiFPN, EfficientDetHead, EfficientNetLite
+# NOTE: importing the subpackages registers their modules in the mmdet and mmseg registries
+from . import backbones, data_preprocessors, dense_heads, layers, necks, tokenizers  # noqa: F401
+from .backbones import DrViT, EfficientNetLite, FANHybrid, FANSwin
+from .dense_heads import EfficientDetHead
+from .necks import BiFPN
 from .tokenizers import VQGAN
 
 __all__ = ['BiFPN', 'DrViT', 'EfficientDetHead', 'EfficientNetLite', 'FANHybrid', 'FANSwin',

@@ -5,15 +5,16 @@ loads it here, strictly: a missing or unexpected key is an error that lists the 
 warning that scrolls by.
 """
 import os.path as osp
-from typing import Callable, Dict, Iterable, Optional
+from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
 from mmengine.logging import MMLogger
 from mmengine.runner.checkpoint import CheckpointLoader
+from torch.nn.modules.batchnorm import _BatchNorm
 
 __all__ = ['CheckpointMismatchError', 'unwrap_state_dict', 'load_state_dict_strict',
-           'load_pretrained']
+           'load_pretrained', 'resolve_arch', 'init_trunc_normal_']
 
 _WRAPPERS = ('state_dict', 'model', 'state_dict_ema', 'model_ema')
 
@@ -33,7 +34,8 @@ def unwrap_state_dict(checkpoint: dict, strip_prefixes: Iterable[str] = ('module
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointMismatchError(
             'the checkpoint holds no state dict (a dict of tensors, possibly under one of '
-            f'{_WRAPPERS}); top-level keys: {sorted(checkpoint)[:20] if isinstance(checkpoint, dict) else type(checkpoint)}')
+            f'{_WRAPPERS}); top-level keys: '
+            f'{sorted(checkpoint)[:20] if isinstance(checkpoint, dict) else type(checkpoint)}')
     for prefix in strip_prefixes:
         if state and all(k.startswith(prefix) for k in state):
             state = {k[len(prefix):]: v for k, v in state.items()}
@@ -98,3 +100,52 @@ def load_pretrained(model: nn.Module, checkpoint: str,
     (logger or MMLogger.get_current_instance()).info(
         f'{type(model).__name__}: loaded all {len(state)} tensors from {checkpoint}'
         + (f' (newly initialised: {", ".join(allowed_missing)})' if allowed_missing else ''))
+
+
+def resolve_arch(arch: Union[str, Mapping], zoo: Mapping[str, Mapping], family: str,
+                 optional: Sequence[str] = ()) -> Tuple[str, dict]:
+    """``(name, settings)`` of a variant: a name of ``zoo`` or a custom dict with the zoo's keys
+    (plus any of ``optional``); anything else is an error that lists the choices."""
+    keys = sorted(next(iter(zoo.values())))
+    if isinstance(arch, str):
+        if arch not in zoo:
+            raise KeyError(f'unknown {family} arch {arch!r}; choose from {sorted(zoo)} or pass a '
+                           f'dict with keys {keys}')
+        return arch, dict(zoo[arch])
+    missing = sorted(set(keys) - set(arch))
+    unknown = sorted(set(arch) - set(keys) - set(optional))
+    if missing or unknown:
+        raise KeyError(f'a custom {family} arch needs exactly the keys {keys}'
+                       + (f' (optionally {sorted(optional)})' if optional else '')
+                       + f'; missing: {missing}, unknown: {unknown}')
+    return 'custom', dict(arch)
+
+
+NORMS = (nn.LayerNorm, nn.GroupNorm, _BatchNorm)
+
+
+def init_trunc_normal_(root: nn.Module, layers: Tuple[Type[nn.Module], ...] = (nn.Linear, ),
+                       std: float = .02, skip: Iterable[nn.Module] = (),
+                       extra: Optional[Mapping[Type[nn.Module], Sequence[str]]] = None) -> None:
+    """timm-style from-scratch initialisation of ``root``, module by module in order.
+
+    Weights of ``layers`` get a truncated normal (``std``) and zero biases; norms (LayerNorm,
+    GroupNorm, BatchNorm and their subclasses) unit weights and zero biases; parameters named
+    in ``extra`` per module type (e.g. relative-position tables) a truncated normal. Modules in
+    ``skip`` and their submodules keep their weights (frozen parts such as a tokenizer).
+    """
+    frozen = {id(m) for s in skip for m in s.modules()}
+    for module in root.modules():
+        if id(module) in frozen:
+            continue
+        if isinstance(module, layers):
+            nn.init.trunc_normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, NORMS) and getattr(module, 'weight', None) is not None:
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        for kind, names in (extra or {}).items():
+            if isinstance(module, kind):
+                for name in names:
+                    nn.init.trunc_normal_(getattr(module, name), std=std)

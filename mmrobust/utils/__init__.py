@@ -1,12 +1,40 @@
-from .checkpoint import (UnsafeCheckpointError, install_safe_checkpoint_loader, load_from_local,
-                         register_safe_globals, safe_globals, safe_load)
-from .config_checks import (DatasetNotFoundError, MissingCustomImportsError, RegistryLookupError,
-                            check_custom_imports, check_dataset_paths, config_scope,
-                            explain_registry_error, explain_registry_errors)
+from .checkpoint import (
+    UnsafeCheckpointError,
+    install_safe_checkpoint_loader,
+    load_from_local,
+    load_lightning_checkpoint,
+    register_safe_globals,
+    safe_globals,
+    safe_load,
+)
+from .config_checks import (
+    DatasetNotFoundError,
+    MissingCustomImportsError,
+    RegistryLookupError,
+    check_custom_imports,
+    check_dataset_paths,
+    config_scope,
+    explain_registry_error,
+    explain_registry_errors,
+    leaf_datasets,
+)
+from .io import (
+    TMP_MARK,
+    ResultsMismatchError,
+    ResultsStore,
+    atomic_bytes,
+    atomic_image,
+    atomic_json,
+    atomic_write,
+    save_figure,
+)
 
 __all__ = [
     'UnsafeCheckpointError', 'install_safe_checkpoint_loader', 'load_from_local',
+    'load_lightning_checkpoint',
     'register_safe_globals', 'safe_globals', 'safe_load', 'DatasetNotFoundError',
     'MissingCustomImportsError', 'RegistryLookupError', 'check_custom_imports',
-    'check_dataset_paths', 'config_scope', 'explain_registry_error', 'explain_registry_errors'
+    'check_dataset_paths', 'config_scope', 'explain_registry_error', 'explain_registry_errors',
+    'leaf_datasets', 'TMP_MARK', 'ResultsMismatchError', 'ResultsStore', 'atomic_bytes',
+    'atomic_image', 'atomic_json', 'atomic_write', 'save_figure'
 ]

@@ -14,6 +14,7 @@ import argparse
 import os.path as osp
 import pickle
 import re
+import types
 from typing import Any, BinaryIO, Callable, List, Optional, Union
 
 import numpy as np
@@ -22,7 +23,8 @@ from mmengine.logging import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader
 
 __all__ = ['UnsafeCheckpointError', 'safe_load', 'register_safe_globals', 'safe_globals',
-           'load_from_local', 'install_safe_checkpoint_loader']
+           'load_from_local', 'install_safe_checkpoint_loader', 'load_lightning_checkpoint',
+           'STUBBED_NAMESPACES']
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError):
@@ -124,3 +126,77 @@ def install_safe_checkpoint_loader() -> Callable:
     """Make mmengine load every local checkpoint through :func:`load_from_local`."""
     CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
     return load_from_local
+
+
+# -- PyTorch-Lightning checkpoints -----------------------------------------------------------------
+
+#: Module prefixes whose pickled objects are replaced by inert stand-ins.
+STUBBED_NAMESPACES = ('pytorch_lightning.', 'lightning.', 'lightning_fabric.', 'omegaconf.')
+
+
+class _Inert:
+    """Stands in for a pickled Lightning object: stores what it was built from, does nothing."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args, self.entries = args, dict(kwargs)
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        # NOTE: dict subclasses are rebuilt by __new__ + SETITEMS, without __init__
+        self.__dict__.setdefault('entries', {})[key] = value
+
+    def __hash__(self) -> int:  # NOTE: callback classes are used as dict keys
+        return id(self)
+
+
+def _stub(name: str) -> type:
+    module, _, qualname = name.rpartition('.')
+    return type(qualname, (_Inert, ), {'__module__': module})
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Resolves allow-listed globals, stubs Lightning ones, refuses the rest."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        full = f'{module}.{name}'
+        allowed = torch._weights_only_unpickler._get_allowed_globals()
+        if full in allowed:
+            return allowed[full]
+        for obj in _SAFE_GLOBALS:
+            if _global_name(obj) == full:
+                return obj[0] if isinstance(obj, tuple) else obj
+        if full.startswith(STUBBED_NAMESPACES):
+            return _stub(full)
+        raise UnsafeCheckpointError(
+            f'the file pickles {full}, which is neither a tensor type nor Lightning metadata; '
+            'unpickling it could run code')
+
+
+_restricted_pickle = types.SimpleNamespace(
+    __name__='mmrobust_restricted_pickle', Unpickler=_RestrictedUnpickler,
+    load=lambda f, **kwargs: _RestrictedUnpickler(f, **kwargs).load())
+
+
+def load_lightning_checkpoint(path: str, map_location: Optional[Any] = 'cpu') -> Any:
+    """Load a PyTorch-Lightning checkpoint (taming / latent-diffusion ``.ckpt``) without running
+    code from it.
+
+    Lightning pickles a few of its own objects next to the weights (callback states keyed by the
+    callback class, ``AttributeDict`` hyper-parameters, sometimes OmegaConf containers), which
+    ``weights_only=True`` refuses and which unpickling for real would import Lightning to build.
+    This loader resolves torch's own ``weights_only`` allow-list plus mmrobust's, replaces every
+    global of the Lightning / OmegaConf namespaces (:data:`STUBBED_NAMESPACES`) by an inert
+    stand-in that only records its arguments, and refuses any other global (``os.system``...).
+
+    Raises:
+        UnsafeCheckpointError: the file pickles something else; nothing from it ran.
+    """
+    try:
+        # NOTE: weights_only=False only hands unpickling to the restricted module above
+        return torch.load(path, map_location=map_location, weights_only=False,
+                          pickle_module=_restricted_pickle)
+    except UnsafeCheckpointError as exc:
+        raise UnsafeCheckpointError(f'Refusing to load {path}: {exc}. Nothing was loaded.'
+                                    ) from None

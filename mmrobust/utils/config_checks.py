@@ -16,7 +16,7 @@ from mmengine.registry import Registry
 
 __all__ = ['DatasetNotFoundError', 'RegistryLookupError', 'MissingCustomImportsError',
            'check_dataset_paths', 'check_custom_imports', 'explain_registry_errors',
-           'explain_registry_error', 'config_scope']
+           'explain_registry_error', 'config_scope', 'leaf_datasets']
 
 CUSTOM_IMPORTS_LINE = "custom_imports = dict(imports=['mmrobust'], allow_failed_imports=False)"
 
@@ -44,17 +44,20 @@ def config_scope(cfg: Config) -> str:
     return scope
 
 
-# --------------------------------------------------------------------------- dataset paths
-def _leaf_datasets(ds: Any) -> Iterator[Dict]:
+# -- dataset paths ---------------------------------------------------------------------------------
+def leaf_datasets(ds: Any) -> List[Dict]:
+    """The innermost dataset configs of a dataset config, through wrappers (``dataset=``,
+    e.g. RepeatDataset, MultiImageMixDataset) and concatenations (``datasets=[...]``).
+
+    They are the config's own dicts, so changes to them change the config.
+    """
     if not isinstance(ds, dict):
-        return
-    if 'dataset' in ds:
-        yield from _leaf_datasets(ds['dataset'])
-    elif 'datasets' in ds:
-        for sub in ds['datasets']:
-            yield from _leaf_datasets(sub)
-    else:
-        yield ds
+        return []
+    if isinstance(ds.get('dataset'), dict):
+        return leaf_datasets(ds['dataset'])
+    if 'datasets' in ds:
+        return [leaf for sub in ds['datasets'] for leaf in leaf_datasets(sub)]
+    return [ds]
 
 
 def _dataset_paths(ds: Dict) -> List[str]:
@@ -80,7 +83,7 @@ def check_dataset_paths(cfg: Config, loaders: List[str]) -> None:
         loader = cfg.get(key)
         if not loader:
             continue
-        for ds in _leaf_datasets(loader.get('dataset')):
+        for ds in leaf_datasets(loader.get('dataset')):
             if ds.get('backend_args') is not None:
                 continue  # remote storage: nothing to check locally
             for path in _dataset_paths(ds):
@@ -98,7 +101,7 @@ def check_dataset_paths(cfg: Config, loaders: List[str]) -> None:
                     f'`--cfg-options {key}.dataset.data_root=/path/to/data/`.')
 
 
-# --------------------------------------------------------------------------- registries
+# -- registries ------------------------------------------------------------------------------------
 _NOT_IN_REGISTRY = re.compile(r'`?([\w.]+)`? is not in the (\w+)::([\w ]+?) registry')
 
 

@@ -3,7 +3,8 @@ codes each corruption changes.
 
     python tools/analysis_tools/token_view.py configs/tokenizers/vq-small-f16_toy-coco.py \
         --data configs/toy/mask-rcnn_r18_fpn_toy-coco.py --num-images 8 --out-dir work_dirs/tokens
-    python tools/analysis_tools/token_view.py f16_1024 --checkpoint checkpoints/vqgan_imagenet_f16_1024.ckpt \
+    python tools/analysis_tools/token_view.py f16_1024 \
+        --checkpoint checkpoints/vqgan_imagenet_f16_1024.ckpt \
         --images a.jpg b.jpg --corruptions gaussian_noise fog --out-dir work_dirs/tokens
 
 Writes one side-by-side PNG per image (top: inputs; bottom: reconstructions from codes; clean,
@@ -40,7 +41,7 @@ def main() -> None:
     if args.show_severity not in args.severities:
         parser.error(f'--show-severity {args.show_severity} is not in --severities')
     if args.data:
-        from mmrobust.apis.train_vq import dataset_image_paths
+        from mmrobust.datasets import dataset_image_paths
         paths = dataset_image_paths(args.data, args.loader)[:args.num_images]
     else:
         paths = args.images

@@ -9,12 +9,13 @@ strings and containers: numpy arrays become tensors, objects with a `__dict__` (
     python tools/model_converters/clean_checkpoint.py IN.pth OUT.pth --trust-source
 """
 import argparse
-import os
 from collections import OrderedDict
 from typing import Any, List
 
 import numpy as np
 import torch
+
+from mmrobust.utils import atomic_write
 
 _PLAIN = (torch.Tensor, int, float, bool, str, bytes, type(None))
 
@@ -58,9 +59,8 @@ def main() -> None:
     ckpt = torch.load(args.src, map_location='cpu', weights_only=False)
     dropped: List[str] = []
     cleaned = clean(ckpt, '', dropped)
-    tmp = f'{args.dst}.tmp{os.getpid()}'
-    torch.save(cleaned, tmp)
-    os.replace(tmp, args.dst)
+    with atomic_write(args.dst, 'wb') as f:
+        torch.save(cleaned, f)
     print(f'wrote {args.dst}')
     for item in dropped:
         print(f'dropped {item}')

@@ -14,12 +14,11 @@ import os
 
 import torch
 
-from mmrobust.models.backbones import FANHybrid, FANSwin, fan, fan_swin
+from mmrobust.models.backbones import FANHybrid, FANSwin
 from mmrobust.models.utils import load_state_dict_strict
-from mmrobust.utils import safe_load
+from mmrobust.utils import atomic_write, safe_load
 
-FAMILIES = {'hybrid': (FANHybrid, fan.checkpoint_filter_fn),
-            'swin': (FANSwin, fan_swin.checkpoint_filter_fn)}
+FAMILIES = {'hybrid': FANHybrid, 'swin': FANSwin}
 
 
 def main() -> None:
@@ -31,21 +30,17 @@ def main() -> None:
     parser.add_argument('--out-type', default=None,
                         help="hybrid: det (default) / seg / cls; swin: dense (default) / cls")
     args = parser.parse_args()
-    cls, filter_fn = FAMILIES[args.family]
     out_type = args.out_type or ('det' if args.family == 'hybrid' else 'dense')
-    model = cls(arch=args.arch, out_type=out_type)
+    model = FAMILIES[args.family](arch=args.arch, out_type=out_type)
     model.init_weights()
-    state = filter_fn(safe_load(args.src, map_location='cpu'), model)
-    # the only layers a classification checkpoint cannot provide
-    allowed = {'det': ('learnable_downsample.',),
-               'dense': tuple(f'norm{i}.' for i in range(4))}.get(out_type, ())
-    load_state_dict_strict(model, state, allowed, source=f'checkpoint {args.src}')
+    state = model.convert_checkpoint(safe_load(args.src, map_location='cpu'))
+    # NOTE: the model names the only layers a classification checkpoint cannot provide
+    load_state_dict_strict(model, state, model.newly_added(), source=f'checkpoint {args.src}')
     new = sorted(set(model.state_dict()) - set(state))
-    tmp = f'{args.dst}.tmp{os.getpid()}'
-    torch.save(dict(state_dict=model.state_dict(),
-                    meta=dict(source=os.path.basename(args.src), family=args.family,
-                              arch=args.arch, out_type=out_type)), tmp)
-    os.replace(tmp, args.dst)
+    with atomic_write(args.dst, 'wb') as f:
+        torch.save(dict(state_dict=model.state_dict(),
+                        meta=dict(source=os.path.basename(args.src), family=args.family,
+                                  arch=args.arch, out_type=out_type)), f)
     print(f'wrote {args.dst}: {len(state)} tensors converted'
           + (f', newly initialised: {", ".join(new)}' if new else ''))
 

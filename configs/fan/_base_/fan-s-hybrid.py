@@ -1,6 +1,8 @@
 # FAN-S-Hybrid settings shared by the COCO, Cityscapes and ADE20K configs of this folder.
 # ImageNet weights: put fan_hybrid_small.pth.tar (NVlabs FAN release) under checkpoints/, or
 # train from scratch with --cfg-options model.backbone.init_cfg=None.
+_base_ = './fan-hybrid.py'
+
 fan_pretrained = 'checkpoints/fan_hybrid_small.pth.tar'
 _fan = dict(
     _delete_=True,
@@ -12,14 +14,9 @@ fan_det_backbone = dict(**_fan, out_type='det')  # 128@4, 256@8, 384@16, 768@32
 fan_det_channels = [128, 256, 384, 768]
 fan_seg_backbone = dict(**_fan, out_type='seg')  # 128@4, 256@8, 384@16, 384@16
 fan_seg_channels = [128, 256, 384, 384]
-# no weight decay on norms, the position encoding, the class token and the temperatures
-# (merged into the base configs' own keys, which match no FAN parameter or say the same)
-_no_decay = {
-    'pos_embed': dict(decay_mult=0.),
-    'cls_token': dict(decay_mult=0.),
-    'temperature': dict(decay_mult=0.),
-}
-fan_det_paramwise = dict(norm_decay_mult=0., custom_keys=_no_decay)
-# the SegFormer recipe also trains the head 10x faster
-fan_seg_paramwise = dict(norm_decay_mult=0.,
-                         custom_keys=dict(**_no_decay, head=dict(lr_mult=10.)))
+# merged into an mmdet FPN detector's / an mmseg SegFormer's `model` and `optim_wrapper`
+fan_det_model = dict(backbone=fan_det_backbone, neck=dict(in_channels=fan_det_channels))
+fan_seg_model = dict(backbone=fan_seg_backbone,
+                     decode_head=dict(in_channels=fan_seg_channels, channels=768))
+fan_det_optim_wrapper = dict(paramwise_cfg={{_base_.fan_det_paramwise}})
+fan_seg_optim_wrapper = dict(paramwise_cfg={{_base_.fan_seg_paramwise}})

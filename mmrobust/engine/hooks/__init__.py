@@ -1,3 +1,3 @@
-from .dat import DATHook, PixelSpace
+from .dat import DATHook
 
-__all__ = ['DATHook', 'PixelSpace']
+__all__ = ['DATHook']

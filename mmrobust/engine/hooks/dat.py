@@ -20,7 +20,7 @@ touched) and restores every buffer afterwards (BN running statistics are unchang
 import copy
 import os.path as osp
 from contextlib import contextmanager
-from typing import Dict, Iterator, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, Iterator, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -30,74 +30,20 @@ from mmengine.hooks import Hook
 from mmengine.logging import MessageHub, print_log
 from mmengine.model import is_model_wrapper
 
+from ...models.data_preprocessors import PixelSpace, patch_forward, valid_mask
 from ...models.tokenizers import quantize_images
 from ...registry import HOOKS, MODELS
 
-__all__ = ['DATHook', 'PixelSpace']
+if TYPE_CHECKING:
+    from mmengine.runner import Runner
+
+__all__ = ['DATHook', 'preserved_buffers']
+
+DATA_BATCH = Optional[Union[dict, tuple, list]]
 
 MODES = ('replace', 'append')
 REQUANTIZE = ('reconstruction', 'input')
 NORMS = ('l2', 'linf')
-
-
-class PixelSpace:
-    """Maps a data preprocessor's output to RGB pixels in [0, 1] and back.
-
-    Reads the preprocessor's normalisation (``mean``/``std`` in 0-255 units) and channel flip
-    (mmengine/mmdet ``_channel_conversion``, mmseg ``channel_conversion``; images are loaded BGR,
-    so a flip means the model sees RGB).
-    """
-
-    def __init__(self, preprocessor: nn.Module, channel_order: str = 'auto',
-                 pixel_max: float = 255.) -> None:
-        if getattr(preprocessor, '_enable_normalize', False):
-            mean, std = preprocessor.mean.detach().float(), preprocessor.std.detach().float()
-        else:
-            mean, std = torch.zeros(3, 1, 1), torch.ones(3, 1, 1)
-        if mean.numel() != 3:
-            raise ValueError('DAT needs 3-channel images; the data preprocessor normalises '
-                             f'{mean.numel()} channels')
-        self.mean, self.std = mean.view(1, 3, 1, 1), std.view(1, 3, 1, 1)
-        self.pixel_max = float(pixel_max)
-        if channel_order == 'auto':
-            flip = bool(getattr(preprocessor, '_channel_conversion',
-                                getattr(preprocessor, 'channel_conversion', False)))
-            channel_order = 'rgb' if flip else 'bgr'
-        if channel_order not in ('rgb', 'bgr'):
-            raise ValueError(f"channel_order must be 'auto', 'rgb' or 'bgr', got {channel_order!r}")
-        self.bgr = channel_order == 'bgr'
-
-    def to(self, device: torch.device) -> 'PixelSpace':
-        self.mean, self.std = self.mean.to(device), self.std.to(device)
-        return self
-
-    def to_pixels(self, x: torch.Tensor) -> torch.Tensor:
-        """Model input → RGB [0, 1] (float32)."""
-        p = (x.float() * self.std + self.mean) / self.pixel_max
-        return p.flip(1) if self.bgr else p
-
-    def from_pixels(self, p: torch.Tensor) -> torch.Tensor:
-        """RGB [0, 1] → model input."""
-        p = p.flip(1) if self.bgr else p
-        return (p * self.pixel_max - self.mean) / self.std
-
-    def grad_to_pixels(self, g: torch.Tensor) -> torch.Tensor:
-        """The gradient w.r.t. the model input expressed w.r.t. RGB [0, 1] pixels."""
-        g = g.float() * self.pixel_max / self.std
-        return g.flip(1) if self.bgr else g
-
-
-def valid_mask(data_samples: Optional[list], shape: Tuple[int, int, int, int],
-               device: torch.device) -> torch.Tensor:
-    """(B, 1, H, W) mask of the image area of each sample (padding excluded)."""
-    b, _, h, w = shape
-    mask = torch.zeros(b, 1, h, w, dtype=torch.bool, device=device)
-    for i in range(b):
-        ih, iw = h, w
-        if data_samples is not None and 'img_shape' in data_samples[i]:
-            ih, iw = data_samples[i].img_shape[:2]
-        mask[i, :, :min(int(ih), h), :min(int(iw), w)] = True
-    return mask
 
 
 @contextmanager
@@ -165,12 +111,13 @@ class DATHook(Hook):
         self.channel_order, self.pixel_max = channel_order, float(pixel_max)
         self.log_interval = int(log_interval)
         self._iter: Optional[int] = None   # set inside a training iteration only
-        self._patched: Optional[nn.Module] = None
-        self._space: Optional[PixelSpace] = None
+        self._undo: Optional[Callable[[], None]] = None
+        self._preprocessor: Optional[nn.Module] = None
         self._model: Optional[nn.Module] = None
+        self.space: Optional[PixelSpace] = None
         self.last_stats: Dict[str, float] = {}
 
-    # -- set-up --------------------------------------------------------------------------------
+    # -- set-up ------------------------------------------------------------------------------------
     def build_tokenizer(self, device: torch.device) -> nn.Module:
         if self.tokenizer is None:
             ckpt = (self.tokenizer_cfg.get('init_cfg') or {}).get('checkpoint')
@@ -196,25 +143,44 @@ class DATHook(Hook):
         pre = module.data_preprocessor
         device = next((p.device for p in module.parameters()), torch.device('cpu'))
         self.build_tokenizer(device)
-        self._space = PixelSpace(pre, self.channel_order, self.pixel_max).to(device)
-        self._model, self._patched = module, pre
-        original = type(pre).forward.__get__(pre)
+        self.space = PixelSpace(pre, self.channel_order, self.pixel_max).to(device)
+        self._model, self._preprocessor = module, pre
 
-        def forward(data: dict, training: bool = False) -> dict:
-            out = original(data, training)
-            if training and self._iter is not None and self._active(self._iter):
+        def transform(out: dict, training: bool) -> dict:
+            if training and self._iter is not None and self.is_active(self._iter):
                 out = self.attack(out, self._iter)
             return out
 
-        # NOTE: an instance attribute, not a new submodule: the state dict keeps its keys
-        pre.forward = forward
+        self._undo = patch_forward(pre, transform)
 
     def detach(self) -> None:
-        if self._patched is not None:
-            self._patched.__dict__.pop('forward', None)
-            self._patched = None
+        """Give the data preprocessor its own ``forward`` back."""
+        if self._undo is not None:
+            self._undo()
+            self._undo, self._preprocessor = None, None
 
-    def _active(self, it: int) -> bool:
+    @contextmanager
+    def at_iteration(self, iteration: int) -> Iterator[None]:
+        """Within the block, training batches through the patched preprocessor count as
+        iteration ``iteration`` (what the runner hooks do around each training step)."""
+        self._iter = int(iteration)
+        try:
+            yield
+        finally:
+            self._iter = None
+
+    def attack_batch(self, data_batch: dict, iteration: int) -> dict:
+        """Preprocess a raw batch as training iteration ``iteration`` does: with the attack
+        when the hook is active then (:meth:`is_active`), clean otherwise. Needs
+        :meth:`attach`."""
+        if self._preprocessor is None:
+            raise RuntimeError('DATHook.attack_batch needs the hook attached to a model first '
+                               '(DATHook.attach(model))')
+        with self.at_iteration(iteration):
+            return self._preprocessor(data_batch, True)
+
+    def is_active(self, it: int) -> bool:
+        """Whether iteration ``it`` gets the attack (``start_iter`` and the seeded ``prob``)."""
         if it < self.start_iter:
             return False
         if self.prob >= 1:
@@ -222,27 +188,29 @@ class DATHook(Hook):
         # NOTE: the same draw on every rank, from (seed, iteration): resumes are reproducible
         return bool(np.random.default_rng([self.seed, it]).random() < self.prob)
 
-    # -- runner hooks --------------------------------------------------------------------------
-    def before_train(self, runner) -> None:
+    # -- runner hooks ------------------------------------------------------------------------------
+    def before_train(self, runner: 'Runner') -> None:
         self.attach(runner.model)
         print_log(f'DATHook: mode={self.mode}, requantize={self.requantize}, alpha={self.alpha}, '
                   f'eps={self.eps}, norm={self.norm}, prob={self.prob}, tokenizer '
                   f'{type(self.tokenizer).__name__} ({getattr(self.tokenizer, "arch_name", "")})',
                   logger='current')
 
-    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+    def before_train_iter(self, runner: 'Runner', batch_idx: int,
+                          data_batch: DATA_BATCH = None) -> None:
         self._iter = runner.iter
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+    def after_train_iter(self, runner: 'Runner', batch_idx: int, data_batch: DATA_BATCH = None,
+                         outputs: Optional[dict] = None) -> None:
         self._iter = None
 
-    def after_train(self, runner) -> None:
+    def after_train(self, runner: 'Runner') -> None:
         self.detach()
 
-    def after_run(self, runner) -> None:
+    def after_run(self, runner: 'Runner') -> None:
         self.detach()
 
-    # -- the attack ----------------------------------------------------------------------------
+    # -- the attack --------------------------------------------------------------------------------
     def quantize(self, pixels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """(Q(pixels), codes) of RGB [0, 1] images."""
         return quantize_images(self.tokenizer, pixels)
@@ -289,7 +257,7 @@ class DATHook(Hook):
             raise TypeError('DATHook needs a batched (B, 3, H, W) image tensor from the data '
                             f'preprocessor, got {type(x).__name__} '
                             f'{tuple(x.shape) if torch.is_tensor(x) else ""}')
-        space = self._space
+        space = self.space
         mask = valid_mask(samples, tuple(x.shape), x.device)
         with torch.no_grad():
             pixels = space.to_pixels(x)

@@ -1,6 +1,7 @@
 from . import drvit, fan, fan_swin
 from .drvit import DrViT
+from .efficientnet_lite import EfficientNetLite
 from .fan import FANHybrid
 from .fan_swin import FANSwin
 
-__all__ = ['DrViT', 'FANHybrid', 'FANSwin', 'drvit', 'fan', 'fan_swin']
+__all__ = ['DrViT', 'EfficientNetLite', 'FANHybrid', 'FANSwin', 'drvit', 'fan', 'fan_swin']

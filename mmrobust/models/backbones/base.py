@@ -1,14 +1,16 @@
-"""Behaviour shared by mmrobust's dense backbones: stage freezing, `norm_eval`, and strict
-pretrained loading through the family's own checkpoint filter."""
+"""Behaviour shared by mmrobust's dense backbones: arch tables, stage freezing, `norm_eval`,
+gradient checkpointing, declared outputs (`feature_info`) and strict pretrained loading through
+the family's own checkpoint filter."""
 import math
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..utils import load_pretrained
+from ..utils import load_pretrained, resolve_arch
 
 
 class DenseBackbone(BaseModule):
@@ -16,33 +18,35 @@ class DenseBackbone(BaseModule):
 
     It resolves `arch` against the subclass's :attr:`arch_zoo` (or a custom dict with the same
     keys) and checks `out_indices` / `frozen_stages`. Subclasses provide :attr:`arch_zoo`,
+    :attr:`feature_info` (channels and stride of every output, timm's convention),
     :meth:`_stage_groups` (modules per freezing group, in order),
     :meth:`_init_from_scratch`, :meth:`convert_checkpoint` (the family's checkpoint filter) and
-    :meth:`_newly_added` (key prefixes a foreign checkpoint cannot hold).
+    :meth:`newly_added` (key prefixes a foreign checkpoint cannot hold), and run their blocks
+    through :meth:`_run_block` (gradient checkpointing with ``with_cp``).
     """
 
     arch_zoo: Dict[str, dict] = {}
+    #: per output level: ``dict(num_chs=channels, reduction=stride)``
+    feature_info: List[Dict[str, int]]
 
     def __init__(self, arch: Union[str, dict], out_indices: Sequence[int], num_outs: int,
-                 frozen_stages: int, norm_eval: bool, init_cfg: Optional[dict]) -> None:
+                 frozen_stages: int, norm_eval: bool, init_cfg: Optional[dict],
+                 with_cp: bool = False) -> None:
         super().__init__(init_cfg=init_cfg)
-        family, keys = type(self).__name__, sorted(next(iter(self.arch_zoo.values())))
-        if isinstance(arch, str):
-            if arch not in self.arch_zoo:
-                raise KeyError(f'unknown {family} arch {arch!r}; choose from '
-                               f'{sorted(self.arch_zoo)} or pass a dict with keys {keys}')
-            self.arch_name, self.arch = arch, self.arch_zoo[arch]
-        else:
-            if sorted(arch) != keys:
-                raise KeyError(f'a custom {family} arch needs exactly the keys {keys}, '
-                               f'got {sorted(arch)}')
-            self.arch_name, self.arch = 'custom', dict(arch)
+        self.arch_name, self.arch = resolve_arch(arch, self.arch_zoo, type(self).__name__)
         if not set(out_indices) <= set(range(num_outs)):
             raise ValueError(f'out_indices {tuple(out_indices)} must be within 0..{num_outs - 1}')
         if not -1 <= frozen_stages <= num_outs:
             raise ValueError(f'frozen_stages must be within -1..{num_outs}, not {frozen_stages}')
         self.out_indices = tuple(out_indices)
-        self.frozen_stages, self.norm_eval = frozen_stages, norm_eval
+        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
+
+    def _run_block(self, block: nn.Module, *args: Any) -> Any:
+        """``block(*args)``, through gradient checkpointing when ``with_cp`` is set and a
+        backward pass may follow (training, or an input-gradient attack in eval mode)."""
+        if self.with_cp and torch.is_grad_enabled():
+            return cp.checkpoint(block, *args, use_reentrant=False)
+        return block(*args)
 
     @staticmethod
     def _dense_output(x: torch.Tensor, in_h: int, in_w: int, stride: int) -> torch.Tensor:
@@ -64,7 +68,9 @@ class DenseBackbone(BaseModule):
     def convert_checkpoint(self, checkpoint: dict) -> Dict[str, torch.Tensor]:
         raise NotImplementedError
 
-    def _newly_added(self) -> Tuple[str, ...]:
+    def newly_added(self) -> Tuple[str, ...]:
+        """Key prefixes of layers that a foreign (e.g. ImageNet classification) checkpoint
+        cannot hold; they keep their initialisation when such a checkpoint is loaded."""
         return ()
 
     def _freeze_stages(self) -> None:
@@ -87,7 +93,7 @@ class DenseBackbone(BaseModule):
         if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
             self._init_from_scratch()  # NOTE: initialises the layers the checkpoint lacks
             load_pretrained(self, self.init_cfg['checkpoint'],
-                            lambda ckpt, model: model.convert_checkpoint(ckpt), self._newly_added())
+                            lambda ckpt, model: model.convert_checkpoint(ckpt), self.newly_added())
         elif self.init_cfg is not None:
             super().init_weights()
         else:

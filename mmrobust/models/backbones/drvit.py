@@ -14,21 +14,18 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 from mmcv.cnn.bricks import DropPath
 
 from ...registry import MODELS
 from ..layers import LayerNorm2d, Mlp
-from ..utils import CheckpointMismatchError, unwrap_state_dict
+from ..utils import CheckpointMismatchError, init_trunc_normal_, unwrap_state_dict
 from .base import DenseBackbone
 
 __all__ = ['DrViT', 'checkpoint_filter_fn']
 
 TOKEN_MODES = ('concat', 'discrete', 'pixel', 'add', 'gated', 'cross_attn')
 
-# ----------------------------------------------------------------------------------------------
-# blocks
-# ----------------------------------------------------------------------------------------------
+# -- blocks ----------------------------------------------------------------------------------------
 
 
 class Attention(nn.Module):
@@ -97,9 +94,7 @@ class SimpleFeaturePyramid(nn.Module):
         return [self.up4(x), self.up2(x), x, self.down2(x)]
 
 
-# ----------------------------------------------------------------------------------------------
-# model
-# ----------------------------------------------------------------------------------------------
+# -- model -----------------------------------------------------------------------------------------
 
 @MODELS.register_module()
 class DrViT(DenseBackbone):
@@ -152,18 +147,18 @@ class DrViT(DenseBackbone):
                  with_cp: bool = False,
                  drop_path_rate: float = 0.1,
                  init_cfg: Optional[dict] = None) -> None:
-        super().__init__(arch, out_indices, 4, frozen_stages, norm_eval, init_cfg)
+        super().__init__(arch, out_indices, 4, frozen_stages, norm_eval, init_cfg, with_cp)
         dim, depth = self.arch['embed_dims'], self.arch['depth']
         self.token_mode = token_mode or self.arch['token_mode']
         if self.token_mode not in TOKEN_MODES:
             raise ValueError(f'token_mode must be one of {TOKEN_MODES}, got {self.token_mode!r}')
-        self.embed_dims, self.with_cp = dim, with_cp
+        self.embed_dims = dim
         self.register_buffer('img_mean', torch.tensor(img_norm[0]).view(1, 3, 1, 1) / 255,
                              persistent=False)
         self.register_buffer('img_std', torch.tensor(img_norm[1]).view(1, 3, 1, 1) / 255,
                              persistent=False)
 
-        # -- tokens
+        # -- tokens --------------------------------------------------------------------------------
         self.tokenizer = None
         if self.token_mode != 'pixel':
             if tokenizer is None:
@@ -196,7 +191,7 @@ class DrViT(DenseBackbone):
             if self.token_mode == 'cross_attn':
                 self.cross_attn = CodeCrossAttention(dim, self.arch['num_heads'])
 
-        # -- transformer
+        # -- transformer ---------------------------------------------------------------------------
         self.pretrain_grid = pretrain_img_size // self.patch_size
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + self.pretrain_grid ** 2, dim))
@@ -206,10 +201,10 @@ class DrViT(DenseBackbone):
             for i in range(depth))
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         self.pyramid = SimpleFeaturePyramid(dim)
-        self.out_channels = (dim // 4, dim // 2, dim, dim)
-        self.strides = (4, 8, 16, 32)
+        self.feature_info = [dict(num_chs=c, reduction=r)
+                             for c, r in zip((dim // 4, dim // 2, dim, dim), (4, 8, 16, 32))]
 
-    # -- structure ------------------------------------------------------------------------------
+    # -- structure ---------------------------------------------------------------------------------
     def _embedding_modules(self) -> List[nn.Module]:
         names = ('pixel_embed', 'code_reduce', 'code_proj', 'cross_attn')
         return [m for m in (getattr(self, n, None) for n in names) if m is not None]
@@ -235,16 +230,7 @@ class DrViT(DenseBackbone):
         return self
 
     def _init_from_scratch(self) -> None:
-        frozen = {id(m) for m in self.tokenizer.modules()} if self.tokenizer is not None else set()
-        for module in self.modules():
-            if id(module) in frozen:
-                continue
-            if isinstance(module, nn.Linear):
-                nn.init.trunc_normal_(module.weight, std=.02)
-                nn.init.zeros_(module.bias)
-            elif isinstance(module, (nn.LayerNorm, LayerNorm2d)):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+        init_trunc_normal_(self, skip=[self.tokenizer] if self.tokenizer is not None else [])
         nn.init.trunc_normal_(self.pos_embed, std=.02)
         nn.init.trunc_normal_(self.cls_token, std=.02)
         if self.tokenizer is not None:
@@ -257,14 +243,14 @@ class DrViT(DenseBackbone):
             state.update({f'tokenizer.{k}': v for k, v in self.tokenizer.state_dict().items()})
         return state
 
-    def _newly_added(self) -> Tuple[str, ...]:
+    def newly_added(self) -> Tuple[str, ...]:
         """What a timm / DeiT ViT cannot provide: Dr-ViT's token layers and the pyramid."""
         new = ['pyramid.', 'code_delta', 'code_reduce.', 'code_proj.', 'gate', 'cross_attn.']
         if self.token_mode != 'pixel':
             new.append('pixel_embed.')
         return tuple(new)
 
-    # -- forward --------------------------------------------------------------------------------
+    # -- forward -----------------------------------------------------------------------------------
     def _tokens(self, x: torch.Tensor) -> torch.Tensor:
         """Patch tokens (B, D, H/16, W/16) of a normalised, 16-divisible batch."""
         pixels = self.pixel_embed(x) if hasattr(self, 'pixel_embed') else None
@@ -314,21 +300,17 @@ class DrViT(DenseBackbone):
         seq = torch.cat([self.cls_token.expand(b, -1, -1), tokens.flatten(2).transpose(1, 2)], 1)
         seq = seq + self._pos_embed(h, w)
         for block in self.blocks:
-            if self.with_cp and seq.requires_grad:
-                seq = cp.checkpoint(block, seq, use_reentrant=False)
-            else:
-                seq = block(seq)
+            seq = self._run_block(block, seq)
         feat = self.norm(seq[:, 1:]).transpose(1, 2).reshape(b, c, h, w)
         outs = []
         for i, level in enumerate(self.pyramid(feat)):
             if i in self.out_indices:
-                outs.append(self._dense_output(level, in_h, in_w, self.strides[i]))
+                stride = self.feature_info[i]['reduction']
+                outs.append(self._dense_output(level, in_h, in_w, stride))
         return tuple(outs)
 
 
-# ----------------------------------------------------------------------------------------------
-# checkpoints
-# ----------------------------------------------------------------------------------------------
+# -- checkpoints -----------------------------------------------------------------------------------
 
 #: keys of a timm / DeiT classifier that a dense Dr-ViT does not use
 _CLASSIFIER_KEYS = ('head.', 'head_dist.', 'dist_token', 'fc_norm.', 'pre_logits.')

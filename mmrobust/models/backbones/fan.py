@@ -14,20 +14,18 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 from mmcv.cnn.bricks import DropPath
-from mmengine.model.weight_init import trunc_normal_
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmrobust.registry import MODELS
+
 from ..layers import ChannelProcessing, ConvMlp, LayerNorm2d, Mlp, PositionalEncodingFourier
-from ..utils import unwrap_state_dict
+from ..utils import init_trunc_normal_, unwrap_state_dict
 from .base import DenseBackbone
 
 __all__ = ['FANHybrid', 'checkpoint_filter_fn']
 
 
-# --------------------------------------------------------------------------- ConvNeXt stem
+# -- ConvNeXt stem ---------------------------------------------------------------------------------
 class ConvNeXtBlock(nn.Module):
     """Depthwise 7x7 conv -> LayerNorm -> 1x1 MLP -> layer scale, residual."""
 
@@ -82,7 +80,7 @@ class HybridEmbed(nn.Module):
         self.proj = nn.Conv2d(dims[-1], embed_dims, 2, stride=2)
 
 
-# --------------------------------------------------------------------------- FAN blocks
+# -- FAN blocks ------------------------------------------------------------------------------------
 class TokenMixing(nn.Module):
     """Multi-head self-attention with separate q and kv projections."""
 
@@ -175,7 +173,7 @@ class ClassAttentionBlock(nn.Module):
         return [*self.attn.parameters(), *self.mlp.parameters(), self.gamma2]
 
 
-# --------------------------------------------------------------------------- model
+# -- model -----------------------------------------------------------------------------------------
 @MODELS.register_module()
 class FANHybrid(DenseBackbone):
     """FAN-Hybrid backbone (ConvNeXt stem + FAN blocks + class attention).
@@ -227,17 +225,18 @@ class FANHybrid(DenseBackbone):
                  norm_eval: bool = False,
                  with_cp: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
-        super().__init__(arch, out_indices, 4, frozen_stages, norm_eval, init_cfg)
+        super().__init__(arch, out_indices, 4, frozen_stages, norm_eval, init_cfg, with_cp)
         arch = self.arch
         if out_type not in ('det', 'seg', 'cls'):
             raise ValueError(f"out_type must be 'det', 'seg' or 'cls', not {out_type!r}")
         if drop_path_schedule not in ('constant', 'linear'):
-            raise ValueError(f"drop_path_schedule must be 'constant' or 'linear'")
+            raise ValueError("drop_path_schedule must be 'constant' or 'linear'")
         if not 0 <= arch['out_block'] < arch['depth']:
-            raise ValueError(f"out_block {arch['out_block']} is not a block index (< {arch['depth']})")
+            raise ValueError(f"out_block {arch['out_block']} is not a block index "
+                             f"(< {arch['depth']})")
         dim, heads, depth = arch['embed_dims'], arch['num_heads'], arch['depth']
         self.embed_dims, self.out_block = dim, arch['out_block']
-        self.out_type, self.with_cp = out_type, with_cp
+        self.out_type = out_type
 
         self.patch_embed = HybridEmbed(dim, arch['convnext_depths'], self.stem_dims,
                                        stem_unbiased_norm)
@@ -266,7 +265,7 @@ class FANHybrid(DenseBackbone):
                 (*self.stem_dims, dim, last), (4, 8, 16, 32 if out_type == 'det' else 16))]
         self._freeze_stages()
 
-    # ---------------------------------------------------------------- weights
+    # -- weights -----------------------------------------------------------------------------------
     def _class_path_parameters(self) -> List[nn.Parameter]:
         return [self.cls_token, *(p for blk in self.cls_attn_blocks
                                   for p in blk.class_path_parameters())]
@@ -275,7 +274,8 @@ class FANHybrid(DenseBackbone):
         """Stem conv, ConvNeXt stage 0, stage 1, FAN blocks up to the stride-16 output, rest."""
         convnext = self.patch_embed.backbone
         rest: List[nn.Module] = [*self.blocks[self.out_block + 1:], *self.cls_attn_blocks]
-        rest += [getattr(self, n) for n in ('learnable_downsample', 'norm', 'head') if hasattr(self, n)]
+        rest += [getattr(self, n) for n in ('learnable_downsample', 'norm', 'head')
+                 if hasattr(self, n)]
         return [[convnext.stem], [convnext.stages[0]], [convnext.stages[1]],
                 [self.patch_embed.proj, self.pos_embed, *self.blocks[:self.out_block + 1]], rest]
 
@@ -284,36 +284,24 @@ class FANHybrid(DenseBackbone):
         if self.frozen_stages >= 4:
             self.cls_token.requires_grad = False
 
-    def _newly_added(self) -> Tuple[str, ...]:
+    def newly_added(self) -> Tuple[str, ...]:
         return ('learnable_downsample.',) if self.out_type == 'det' else ()
 
     def convert_checkpoint(self, checkpoint: dict) -> Dict[str, torch.Tensor]:
         return checkpoint_filter_fn(checkpoint, self)
 
     def _init_from_scratch(self) -> None:
-        trunc_normal_(self.cls_token, std=.02)
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Conv2d)):
-                trunc_normal_(m.weight, std=.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, (nn.LayerNorm, _BatchNorm)):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        nn.init.trunc_normal_(self.cls_token, std=.02)
+        init_trunc_normal_(self, layers=(nn.Linear, nn.Conv2d))
         # NOTE: padded pixels (zeros after the data preprocessor's normalisation) reach the stem
         # LayerNorm as the conv bias alone. A zero bias makes that a zero vector, whose
         # LayerNorm gradient is scaled by 1/sqrt(eps) = 1000: a detector trained from scratch
         # then sees backbone gradient norms of ~1e4 and gradient clipping shrinks every other
         # layer's update with them. A small random bias gives padding a well-conditioned
         # embedding of its own.
-        trunc_normal_(self.patch_embed.backbone.stem[0].bias, std=.02)
+        nn.init.trunc_normal_(self.patch_embed.backbone.stem[0].bias, std=.02)
 
-    # ---------------------------------------------------------------- forward
-    def _run(self, block: nn.Module, *args) -> torch.Tensor:
-        if self.with_cp and self.training and torch.is_grad_enabled():
-            return cp.checkpoint(block, *args, use_reentrant=False)
-        return block(*args)
-
+    # -- forward -----------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> Union[Tuple[torch.Tensor, ...], torch.Tensor]:
         h, w = x.shape[-2:]
         # NOTE: any input size: pad to the token stride, crop the maps back afterwards
@@ -324,19 +312,19 @@ class FANHybrid(DenseBackbone):
         for stage in convnext.stages:
             x = stage.downsample(x)
             for blk in stage.blocks:
-                x = self._run(blk, x)
+                x = self._run_block(blk, x)
             maps.append(x)
         x = self.patch_embed.proj(x)
         b, c, hp, wp = x.shape
         x = (x + self.pos_embed(hp, wp)).flatten(2).transpose(1, 2)
         for i, blk in enumerate(self.blocks):
-            x = self._run(blk, x, hp, wp)
+            x = self._run_block(blk, x, hp, wp)
             if i == self.out_block:
                 maps.append(x.transpose(1, 2).reshape(b, c, hp, wp))
         if self.out_type == 'cls':
             x = torch.cat((self.cls_token.expand(b, -1, -1), x), dim=1)
             for blk in self.cls_attn_blocks:
-                x = self._run(blk, x)
+                x = self._run_block(blk, x)
             return self.head(self.norm(x)[:, 0])
         for blk in self.cls_attn_blocks:
             x = blk.forward_patch_tokens(x)
@@ -349,7 +337,7 @@ class FANHybrid(DenseBackbone):
                      if i in self.out_indices)
 
 
-# --------------------------------------------------------------------------- checkpoints
+# -- checkpoints -----------------------------------------------------------------------------------
 _CLS_ONLY = ('head.', 'norm.')
 
 

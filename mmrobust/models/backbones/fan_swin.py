@@ -15,20 +15,18 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 from mmcv.cnn.bricks import DropPath
-from mmengine.model.weight_init import trunc_normal_
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmrobust.registry import MODELS
+
 from ..layers import ChannelProcessing, Mlp
-from ..utils import unwrap_state_dict
+from ..utils import init_trunc_normal_, unwrap_state_dict
 from .base import DenseBackbone
 
 __all__ = ['FANSwin', 'checkpoint_filter_fn']
 
 
-# --------------------------------------------------------------------------- helpers
+# -- helpers ---------------------------------------------------------------------------------------
 def relative_position_index(window: int) -> torch.Tensor:
     """(window², window²) index into the (2·window-1)² relative position bias table."""
     coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window),
@@ -64,7 +62,7 @@ def shifted_window_mask(h: int, w: int, window: int, shift: int,
     return torch.zeros_like(diff).masked_fill(diff != 0, float('-inf'))
 
 
-# --------------------------------------------------------------------------- blocks
+# -- blocks ----------------------------------------------------------------------------------------
 class WindowAttention(nn.Module):
     """Multi-head attention inside windows with a learned relative position bias."""
 
@@ -162,7 +160,7 @@ class PatchEmbed(nn.Module):
         self.norm = nn.LayerNorm(embed_dims)
 
 
-# --------------------------------------------------------------------------- model
+# -- model -----------------------------------------------------------------------------------------
 @MODELS.register_module()
 class FANSwin(DenseBackbone):
     """FAN-Swin backbone.
@@ -199,7 +197,7 @@ class FANSwin(DenseBackbone):
                  norm_eval: bool = False,
                  with_cp: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
-        super().__init__(arch, out_indices, 4, frozen_stages, norm_eval, init_cfg)
+        super().__init__(arch, out_indices, 4, frozen_stages, norm_eval, init_cfg, with_cp)
         arch = self.arch
         if out_type not in ('dense', 'cls'):
             raise ValueError(f"out_type must be 'dense' or 'cls', not {out_type!r}")
@@ -207,7 +205,7 @@ class FANSwin(DenseBackbone):
         if len(depths) != 4 or len(heads) != 4:
             raise ValueError('FAN-Swin has 4 stages: depths and num_heads need 4 entries')
         dims = [arch['embed_dims'] * 2 ** i for i in range(4)]
-        self.out_type, self.with_cp = out_type, with_cp
+        self.out_type = out_type
 
         self.patch_embed = PatchEmbed(dims[0])
         n = sum(depths)
@@ -227,15 +225,16 @@ class FANSwin(DenseBackbone):
         self.feature_info = [dict(num_chs=dims[i], reduction=4 * 2 ** i) for i in range(4)]
         self._freeze_stages()
 
-    # ---------------------------------------------------------------- weights
+    # -- weights -----------------------------------------------------------------------------------
     def _stage_groups(self) -> List[List[nn.Module]]:
         """Patch embedding, then each stage with its output norm."""
         groups: List[List[nn.Module]] = [[self.patch_embed]]
         for i, layer in enumerate(self.layers):
-            groups.append([layer] + ([getattr(self, f'norm{i}')] if hasattr(self, f'norm{i}') else []))
+            norm = [getattr(self, f'norm{i}')] if hasattr(self, f'norm{i}') else []
+            groups.append([layer] + norm)
         return groups
 
-    def _newly_added(self) -> Tuple[str, ...]:
+    def newly_added(self) -> Tuple[str, ...]:
         # NOTE: the per-output norms are not in classification checkpoints
         return tuple(f'norm{i}.' for i in self.out_indices) if self.out_type == 'dense' else ()
 
@@ -243,18 +242,9 @@ class FANSwin(DenseBackbone):
         return checkpoint_filter_fn(checkpoint, self)
 
     def _init_from_scratch(self) -> None:
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, (nn.LayerNorm, _BatchNorm)):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, WindowAttention):
-                trunc_normal_(m.relative_position_bias_table, std=.02)
+        init_trunc_normal_(self, extra={WindowAttention: ('relative_position_bias_table', )})
 
-    # ---------------------------------------------------------------- forward
+    # -- forward -----------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> Union[Tuple[torch.Tensor, ...], torch.Tensor]:
         h, w = x.shape[-2:]
         x = F.pad(x, (0, (-w) % 4, 0, (-h) % 4))
@@ -264,10 +254,7 @@ class FANSwin(DenseBackbone):
         outs = []
         for i, layer in enumerate(self.layers):
             for blk in layer.blocks:
-                if self.with_cp and self.training and torch.is_grad_enabled():
-                    x = cp.checkpoint(blk, x, hs, ws, use_reentrant=False)
-                else:
-                    x = blk(x, hs, ws)
+                x = self._run_block(blk, x, hs, ws)
             if i in self.out_indices and self.out_type == 'dense':
                 out = getattr(self, f'norm{i}')(x)
                 out = out.transpose(1, 2).reshape(x.shape[0], -1, hs, ws)
@@ -279,7 +266,7 @@ class FANSwin(DenseBackbone):
         return tuple(outs)
 
 
-# --------------------------------------------------------------------------- checkpoints
+# -- checkpoints -----------------------------------------------------------------------------------
 _CLS_ONLY = ('head.', 'norm.')
 _BUFFERS = ('attn_mask', 'relative_position_index')
 

@@ -1,0 +1,3 @@
+from .efficientdet_head import EfficientDetHead
+
+__all__ = ['EfficientDetHead']

@@ -1,0 +1,165 @@
+"""Writing files so that a crash never leaves half of one, and resumable results files.
+
+Every file mmrobust writes for a user (results, manifests, checkpoints, figures, corrupted
+images) goes through :func:`atomic_write`: the data goes to a temporary file next to the target,
+is flushed to disk and renamed over it, so a reader sees the old file or the new one, never a
+mix. Temporaries carry :data:`TMP_MARK` so a resumed job can find and remove those a killed run
+left behind.
+"""
+import datetime
+import json
+import os
+import os.path as osp
+from contextlib import contextmanager
+from typing import IO, Any, Dict, Iterator, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+__all__ = ['TMP_MARK', 'atomic_write', 'atomic_json', 'atomic_bytes', 'atomic_image',
+           'save_figure', 'ResultsStore', 'ResultsMismatchError']
+
+#: Marks the temporary files of :func:`atomic_write` (``<name>.mmrobust-tmp-<pid>``).
+TMP_MARK = '.mmrobust-tmp-'
+
+PathLike = Union[str, 'os.PathLike[str]']
+
+
+@contextmanager
+def atomic_write(path: PathLike, mode: str = 'w', fsync: bool = True,
+                 **open_kwargs: Any) -> Iterator[IO]:
+    """Open ``path`` for writing through a temporary file that replaces it on success.
+
+    On an exception the temporary file is removed and ``path`` keeps its previous content.
+    ``fsync=False`` skips the flush to disk for throw-away outputs (figures, previews).
+    """
+    if mode not in ('w', 'wb'):
+        raise ValueError(f"atomic_write writes whole files: mode 'w' or 'wb', got {mode!r}")
+    path = os.fspath(path)
+    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
+    tmp = f'{path}{TMP_MARK}{os.getpid()}'
+    try:
+        with open(tmp, mode, **open_kwargs) as f:
+            yield f
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if osp.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def atomic_bytes(path: PathLike, data: bytes, fsync: bool = True) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    with atomic_write(path, 'wb', fsync=fsync) as f:
+        f.write(data)
+
+
+def atomic_json(path: PathLike, obj: Any, indent: Optional[int] = 1) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically."""
+    with atomic_write(path) as f:
+        json.dump(obj, f, indent=indent)
+
+
+def atomic_image(path: PathLike, img: np.ndarray, params: Sequence[int] = ()) -> None:
+    """Encode ``img`` (BGR, OpenCV layout) by ``path``'s extension and write it atomically."""
+    import cv2
+    ext = osp.splitext(os.fspath(path))[1] or '.png'
+    ok, buf = cv2.imencode(ext, img, list(params))
+    if not ok:
+        raise OSError(f'OpenCV cannot encode {os.fspath(path)} as {ext}')
+    atomic_bytes(path, buf.tobytes(), fsync=False)
+
+
+def save_figure(fig: Any, path: PathLike, dpi: int = 120) -> str:
+    """Lay out a matplotlib figure, write it atomically (PNG by default) and close it."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    ext = osp.splitext(os.fspath(path))[1].lstrip('.') or 'png'
+    with atomic_write(path, 'wb', fsync=False) as f:
+        fig.savefig(f, dpi=dpi, format=ext)
+    plt.close(fig)
+    return os.fspath(path)
+
+
+class ResultsMismatchError(RuntimeError):
+    """A results file was written by another evaluation (config, checkpoint, protocol, ...)."""
+
+
+class ResultsStore:
+    """A JSON results file that a long job fills entry by entry and resumes.
+
+    The file holds the job's ``identity`` (what was evaluated) and its results under
+    ``entries_key``; it is rewritten atomically after every :meth:`record`. Opening an existing
+    file checks that the identity keys in ``identity_keys`` (default: all of them) match and
+    otherwise raises :class:`ResultsMismatchError` with the differences, so results of two
+    different evaluations are never mixed.
+
+    Args:
+        path: the JSON file.
+        identity: what this job evaluates.
+        entries_key: the key under which :meth:`record` stores results.
+        identity_keys: the identity keys that must match to resume (default: every key).
+        identity_key: store the identity under this key (default: at the top level).
+        fix: what to tell the user when the identity differs.
+    """
+
+    def __init__(self, path: str, identity: Mapping[str, Any], entries_key: str = 'entries',
+                 identity_keys: Optional[Sequence[str]] = None,
+                 identity_key: Optional[str] = None,
+                 fix: str = 'delete the file to start fresh, or write to another path') -> None:
+        self.path, self.entries_key, self.identity_key = path, entries_key, identity_key
+        identity = dict(identity)
+        keys = list(identity) if identity_keys is None else list(identity_keys)
+        self.data: Dict[str, Any] = {**self._wrap(identity), entries_key: {}}
+        if osp.exists(path):
+            with open(path) as f:
+                old = json.load(f)
+            old_identity = (old.get(identity_key) or {}) if identity_key else old
+            diff = [k for k in keys if old_identity.get(k) != identity.get(k)]
+            if diff:
+                details = '; '.join(f'{k}: file has {old_identity.get(k)!r}, this run '
+                                    f'{identity.get(k)!r}' for k in diff)
+                raise ResultsMismatchError(
+                    f'{path} holds results of a different evaluation ({details}). Refusing to '
+                    f'mix them: {fix}.')
+            self.data = {**old, **self._wrap(identity)}
+            self.data.setdefault(entries_key, {})
+
+    def _wrap(self, identity: Dict[str, Any]) -> Dict[str, Any]:
+        return {self.identity_key: identity} if self.identity_key else identity
+
+    @property
+    def identity(self) -> Dict[str, Any]:
+        return self.data[self.identity_key] if self.identity_key else self.data
+
+    @property
+    def entries(self) -> Dict[str, Any]:
+        return self.data[self.entries_key]
+
+    def done(self, *key: str) -> bool:
+        """Whether the (possibly nested) entry ``key`` is recorded."""
+        node: Any = self.entries
+        for part in key:
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
+
+    def record(self, *key: str, value: Any, save: bool = True) -> None:
+        """Store ``value`` under the nested ``key`` (and rewrite the file)."""
+        node = self.entries
+        for part in key[:-1]:
+            node = node.setdefault(part, {})
+        node[key[-1]] = value
+        if save:
+            self.save()
+
+    def save(self, stamp: bool = True) -> None:
+        """Rewrite the file atomically (``stamp``: with ``created`` / ``updated`` times)."""
+        if stamp:
+            now = datetime.datetime.now().isoformat(timespec='seconds')
+            self.data['created'] = self.data.get('created') or now
+            self.data['updated'] = now
+        atomic_json(self.path, self.data)
