@@ -4,22 +4,22 @@
     python tools/analysis_tools/benchmark_backbones.py --models fan_hybrid_tiny fan_hybrid_small \
         --size 512 --batch 1 --iters 5
 
-Each model runs in its own process (so peak memory is its own), at the same input, in the same
-run as mmdet's Swin-T and ResNet-50, and the table gives every figure as a ratio to both
+Each model lives in its own process (so peak memory is its own), at the same input, in the same
+run as mmdet's Swin-T and ResNet-50; the models take their steps in turn (interleaved, one at a
+time), and the table gives every time as the median and range of the per-round ratios to both
 (this machine kind is noisy: compare ratios, not milliseconds across runs). Peak memory is
 `torch.cuda.max_memory_allocated` on a GPU and the growth of the process's peak RSS on a CPU.
 GFLOPs are one forward pass as counted by `torch.utils.flop_counter` (matmuls, convolutions and
 attention; 2 FLOPs per multiply-add), so time per GFLOP tells slow code from big models.
 """
 import argparse
-import multiprocessing as mp
 import resource
-import statistics
-import time
 from typing import Dict, List
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+from mmrobust.utils.benchmark import fmt_range, interleave_processes, ratio_summary, summary
 
 BASELINES = ('swin_t', 'resnet50')
 FAN_MODELS = tuple(f'fan_{family}_{arch}' for family in ('hybrid', 'swin')
@@ -35,9 +35,10 @@ _CPU_ATTENTION_FLOPS = {
 
 def build(name: str) -> torch.nn.Module:
     """A dense backbone by benchmark name."""
-    import mmrobust  # noqa: F401  (registers the FAN backbones)
     from mmdet.registry import MODELS
     from mmengine.registry import init_default_scope
+
+    import mmrobust  # noqa: F401  (registers the FAN backbones)
     init_default_scope('mmdet')
     if name == 'swin_t':
         cfg = dict(type='SwinTransformer', embed_dims=96, depths=[2, 2, 6, 2],
@@ -56,52 +57,33 @@ def build(name: str) -> torch.nn.Module:
     return model
 
 
-def _measure(name: str, size: int, batch: int, iters: int, warmup: int, threads: int,
-             queue: mp.Queue) -> None:
+def _setup(name: str, size: int, batch: int, threads: int):
+    """Worker side: build ``name`` and return its forward+backward step."""
     torch.set_num_threads(threads)
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
     model = build(name).to(device)
     model.train()  # NOTE: mmdet's Swin returns None from train()
     params = sum(p.numel() for p in model.parameters())
     x = torch.randn(batch, 3, size, size, device=device)
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    if device == 'cuda':
-        torch.cuda.reset_peak_memory_stats()
-    times = []
-    for i in range(warmup + iters):
-        if device == 'cuda':
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        outs = model(x)
-        sum(o.float().mean() for o in outs).backward()
-        model.zero_grad(set_to_none=True)
-        if device == 'cuda':
-            torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    if device == 'cuda':
-        peak_mb = torch.cuda.max_memory_allocated() / 2**20
-    else:
-        peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
-    # NOTE: counted after the timing so that its forward pass is not part of the peak memory
+    rss_baseline_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # NOTE: counted before the timing, and its no-grad forward stays below the training peak
     with torch.no_grad(), FlopCounterMode(display=False,
                                           custom_mapping=_CPU_ATTENTION_FLOPS) as counter:
         model(x)
-    gflops = counter.get_total_flops() / 1e9
-    queue.put(dict(name=name, ms=1000 * statistics.median(times), peak_mb=peak_mb,
-                   params_m=params / 1e6, gflops=gflops))
+    if device == 'cuda':
+        torch.cuda.reset_peak_memory_stats()
 
+    def step() -> None:
+        outs = model(x)
+        sum(o.float().mean() for o in outs).backward()
+        model.zero_grad(set_to_none=True)
 
-def measure(name: str, args: argparse.Namespace) -> Dict:
-    ctx = mp.get_context('spawn')
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_measure, args=(name, args.size, args.batch, args.iters,
-                                              args.warmup, args.threads, queue))
-    proc.start()
-    proc.join()
-    if proc.exitcode != 0:
-        raise RuntimeError(f'benchmarking {name} failed (exit code {proc.exitcode})')
-    return queue.get()
+    info = dict(params_m=params / 1e6, gflops=counter.get_total_flops() / 1e9,
+                rss_baseline_mb=rss_baseline_mb)
+    if device == 'cuda':
+        info.update(sync=torch.cuda.synchronize, stats=lambda: dict(
+            gpu_peak_mb=torch.cuda.max_memory_allocated() / 2**20))
+    return step, info
 
 
 def main() -> None:
@@ -110,28 +92,37 @@ def main() -> None:
                         choices=list(FAN_MODELS), help='FAN variants to time')
     parser.add_argument('--size', type=int, default=512, help='square input size')
     parser.add_argument('--batch', type=int, default=1)
-    parser.add_argument('--iters', type=int, default=5, help='timed iterations (median)')
+    parser.add_argument('--iters', type=int, default=5,
+                        help='timed rounds (median and range); the models alternate per round')
     parser.add_argument('--warmup', type=int, default=2)
     parser.add_argument('--threads', type=int, default=torch.get_num_threads())
     args = parser.parse_args()
 
+    names = (*BASELINES, *args.models)
+    results = interleave_processes(
+        {n: (_setup, (n, args.size, args.batch, args.threads)) for n in names},
+        rounds=args.iters, warmup=args.warmup)
     rows: List[Dict] = []
-    for name in (*BASELINES, *args.models):
-        row = measure(name, args)
-        rows.append(row)
-        print(f'{name:18s} {row["ms"]:9.1f} ms  {row["peak_mb"]:8.0f} MB', flush=True)
+    for name in names:
+        res = results[name]
+        stats = res['stats']
+        rows.append(dict(name=name, times=res['times'], ms=1000 * summary(res['times'])['median'],
+                         peak_mb=stats.get('gpu_peak_mb', stats['rss_growth_mb']), **res['info']))
     base = {r['name']: r for r in rows if r['name'] in BASELINES}
     device = 'cuda' if torch.cuda.is_available() else f'cpu ({args.threads} threads)'
-    print(f'\nforward+backward, {args.batch}x3x{args.size}x{args.size}, {device}, median of '
-          f'{args.iters}\n')
+    print(f'\nforward+backward, {args.batch}x3x{args.size}x{args.size}, {device}, median (range) '
+          f'of {args.iters} interleaved rounds\n')
     # NOTE: 'ms/GFLOP x Swin-T' separates the work a model does from how efficiently it does it
     swin_ms_per_gflop = base['swin_t']['ms'] / base['swin_t']['gflops']
     print('| model | params (M) | GFLOPs | ms | x Swin-T | x ResNet-50 | ms/GFLOP x Swin-T '
           '| peak MB | mem x Swin-T |')
     print('|---|---|---|---|---|---|---|---|---|')
     for r in rows:
+        # NOTE: ratios are formed round by round, between steps taken seconds apart
+        swin = ratio_summary(r['times'], base['swin_t']['times'])
+        resnet = ratio_summary(r['times'], base['resnet50']['times'])
         print(f'| {r["name"]} | {r["params_m"]:.1f} | {r["gflops"]:.2f} | {r["ms"]:.1f} | '
-              f'{r["ms"] / base["swin_t"]["ms"]:.2f} | {r["ms"] / base["resnet50"]["ms"]:.2f} | '
+              f'{fmt_range(swin)} | {fmt_range(resnet)} | '
               f'{r["ms"] / r["gflops"] / swin_ms_per_gflop:.2f} | '
               f'{r["peak_mb"]:.0f} | {r["peak_mb"] / max(base["swin_t"]["peak_mb"], 1):.2f} |')
 
