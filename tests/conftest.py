@@ -51,8 +51,12 @@ def free_port() -> int:
 def run_cmd(args, timeout: float = 600, env: Optional[Dict[str, str]] = None,
             check: bool = True) -> subprocess.CompletedProcess:
     """Run a command from the repository root; on failure show its output."""
+    # NOTE: the 2-process launchers get one thread per process (torchrun's own default): two
+    # processes of two threads each on two cores made the distributed tests ~2x slower
+    multi = any(str(a).endswith(('dist_train.sh', 'dist_test.sh')) for a in args)
+    threads = '1' if multi else os.environ.get('OMP_NUM_THREADS', '2')
     full_env = {**os.environ, 'PYTHONPATH': str(REPO), 'PYTHON': sys.executable,
-                'OMP_NUM_THREADS': os.environ.get('OMP_NUM_THREADS', '2'), **(env or {})}
+                'OMP_NUM_THREADS': threads, **(env or {})}
     proc = subprocess.run([str(a) for a in args], cwd=REPO, env=full_env, timeout=timeout,
                           capture_output=True, text=True)
     if check and proc.returncode != 0:
@@ -79,3 +83,10 @@ def trained_toy_detector(toy_data, tmp_path_factory) -> Path:
              'train_dataloader.persistent_workers=False', 'val_dataloader.num_workers=0',
              'val_dataloader.persistent_workers=False')
     return work
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """A test that needs the trained demo detector is an end-to-end test: the `slow` tier."""
+    for item in items:
+        if 'trained_toy_detector' in getattr(item, 'fixturenames', ()):
+            item.add_marker(pytest.mark.slow)

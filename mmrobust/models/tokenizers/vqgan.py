@@ -8,22 +8,23 @@ codes, the latent-diffusion f8 with 16384 codes) and with small tokenizers train
 Images go in as [0, 1] pixels (mapped to the network's [-1, 1] inside) and come back in [0, 1];
 ``encode`` gives code indices on a grid 1/f of the input, ``decode`` turns indices into images.
 """
+import logging
 import math
 import os.path as osp
 from contextlib import nullcontext
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from mmengine.logging import print_log
 from mmengine.model import BaseModule
 
 from ...registry import MODELS
-from ..utils import CheckpointMismatchError, load_state_dict_strict
+from ...utils.device import cpu_has_native_bf16
+from ..utils import CheckpointMismatchError, load_state_dict_strict, resolve_arch
 
-# ----------------------------------------------------------------------------------------------
-# blocks
-# ----------------------------------------------------------------------------------------------
+# -- blocks ----------------------------------------------------------------------------------------
 
 
 NORMS = ('group', 'batch')
@@ -141,9 +142,7 @@ class _Mid(nn.Module):
         return self.block_2(self.attn_1(self.block_1(x)))
 
 
-# ----------------------------------------------------------------------------------------------
-# encoder / decoder / quantizer
-# ----------------------------------------------------------------------------------------------
+# -- encoder / decoder / quantizer -----------------------------------------------------------------
 
 class Encoder(nn.Module):
     def __init__(self, ch: int, ch_mult: Sequence[int], num_res_blocks: int,
@@ -241,9 +240,7 @@ class VectorQuantizer(nn.Module):
         return z + (z_q - z).detach(), loss, indices
 
 
-# ----------------------------------------------------------------------------------------------
-# model
-# ----------------------------------------------------------------------------------------------
+# -- model -----------------------------------------------------------------------------------------
 
 @MODELS.register_module()
 class VQGAN(BaseModule):
@@ -257,26 +254,17 @@ class VQGAN(BaseModule):
         checkpoint: a taming / latent-diffusion ``.ckpt`` or a plain state dict, loaded strictly
             through :func:`checkpoint_filter_fn` (also via ``init_cfg``).
         chunk_size: images per encoder/decoder call (bounds memory at large resolutions).
-        autocast: run the convolutions in bf16 (CPU) / fp16 (CUDA) autocast; the distances of
-            the quantiser always stay fp32.
+        autocast: run the convolutions in fp16 (CUDA) / bf16 (a CPU with native bf16, i.e.
+            AVX-512; elsewhere fp32, with a warning in the log) autocast; the distances of the
+            quantiser always stay fp32.
         dropout: dropout in the res blocks (training only).
     """
 
-    def __init__(self, arch: str = 'f16_1024', checkpoint: Optional[str] = None,
+    def __init__(self, arch: Union[str, dict] = 'f16_1024', checkpoint: Optional[str] = None,
                  chunk_size: int = 8, autocast: bool = False, dropout: float = 0.0,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
-        if isinstance(arch, str):
-            if arch not in VQGAN_ARCHS:
-                raise KeyError(f'Unknown VQGAN arch {arch!r}; choose from {sorted(VQGAN_ARCHS)} '
-                               'or pass a dict with keys ' + ', '.join(VQGAN_ARCHS['f16_1024']))
-            self.arch_name, settings = arch, dict(VQGAN_ARCHS[arch])
-        else:
-            self.arch_name, settings = 'custom', dict(arch)
-            unknown = set(settings) - set(VQGAN_ARCHS['f16_1024']) - {'norm'}
-            if unknown:
-                raise KeyError(f'Unknown VQGAN arch keys {sorted(unknown)}; valid: '
-                               f'{sorted(VQGAN_ARCHS["f16_1024"]) + ["norm"]}')
+        self.arch_name, settings = resolve_arch(arch, VQGAN_ARCHS, 'VQGAN', optional=('norm', ))
         self.settings = settings
         settings.setdefault('norm', 'group')
         net = {k: settings[k] for k in ('ch', 'ch_mult', 'num_res_blocks', 'attn_resolutions',
@@ -289,6 +277,7 @@ class VQGAN(BaseModule):
         self.factor = 2 ** (len(settings['ch_mult']) - 1)
         self.chunk_size = chunk_size
         self.autocast = autocast
+        self._amp_fallback_logged = False
         if checkpoint:
             self.load_checkpoint(checkpoint)
 
@@ -318,12 +307,21 @@ class VQGAN(BaseModule):
             self.load_checkpoint(self.init_cfg['checkpoint'])
         self._is_init = True
 
-    # -- running ------------------------------------------------------------------------------
+    # -- running -----------------------------------------------------------------------------------
     def _amp(self, x: torch.Tensor):
         if not self.autocast:
             return nullcontext()
-        dtype = torch.float16 if x.device.type == 'cuda' else torch.bfloat16
-        return torch.autocast(x.device.type, dtype=dtype)
+        if x.device.type == 'cuda':
+            return torch.autocast('cuda', dtype=torch.float16)
+        if x.device.type == 'cpu' and cpu_has_native_bf16():
+            return torch.autocast('cpu', dtype=torch.bfloat16)
+        if not self._amp_fallback_logged:
+            self._amp_fallback_logged = True
+            print_log(f'VQGAN: autocast=True, but this {x.device.type.upper()} has no native '
+                      'low-precision convolutions (bfloat16 needs AVX-512 on a CPU), where they '
+                      'are far slower than float32: the tokenizer runs in float32',
+                      logger='current', level=logging.WARNING)
+        return nullcontext()
 
     def _check_size(self, x: torch.Tensor) -> None:
         if x.dim() != 4 or x.shape[1] != 3:
@@ -383,9 +381,7 @@ def quantize_images(tokenizer: nn.Module, pixels: torch.Tensor
     return tokenizer.decode(codes)[..., :h, :w], codes
 
 
-# ----------------------------------------------------------------------------------------------
-# checkpoints and variants
-# ----------------------------------------------------------------------------------------------
+# -- checkpoints and variants ----------------------------------------------------------------------
 
 #: Prefixes of the tokenizer inside the official files (the rest: loss.* LPIPS/discriminator).
 TOKENIZER_PREFIXES = ('encoder.', 'decoder.', 'quantize.', 'quant_conv.', 'post_quant_conv.')
