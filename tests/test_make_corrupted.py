@@ -46,10 +46,12 @@ def test_toy_coco_c_is_deterministic_complete_and_loadable(toy_data, tmp_path):
             cell = one / name / str(severity)
             assert sorted(p.name for p in (cell / 'val2017').iterdir()) == val
             assert (cell / 'annotations' / 'instances_val2017.json').is_file()
+            # relative links: the dataset and its corrupted copy can move together
+            assert not os.path.isabs(os.readlink(cell / 'annotations'))
     # each file is the engine's output for its per-image seed (JPEG-encoded at quality 95)
-    src = read_image(toy_data['toy_coco'] / 'val2017' / val[0])
+    src = read_image(toy_data['toy_coco'] / 'val2017' / val[0])[0]
     expected = corrupt(src, 'zoom_blur', 5, seed=derive_seed(0, val[0], 'zoom_blur', 5))
-    stored = read_image(one / 'zoom_blur' / '5' / 'val2017' / val[0])
+    stored = read_image(one / 'zoom_blur' / '5' / 'val2017' / val[0])[0]
     assert np.abs(stored.astype(int) - expected).mean() < 2.0
 
     # every cell is a dataset mmdet loads
@@ -76,7 +78,7 @@ def test_toy_cityscapes_c_keeps_png_and_labels(toy_data, tmp_path):
     cell = out / 'fog' / '4'
     for path in src_imgs:
         rel = path.relative_to(toy_data['toy_cityscapes'])
-        stored, original = read_image(cell / rel), read_image(path)
+        stored, original = read_image(cell / rel)[0], read_image(path)[0]
         assert stored.shape == original.shape  # PNG stays PNG, lossless
         expected = corrupt(original, 'fog', 4, seed=derive_seed(0, path.name, 'fog', 4))
         assert np.array_equal(stored, expected)
@@ -128,21 +130,49 @@ def test_interrupted_run_resumes_to_the_same_result(toy_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_unreadable_sources_are_reported_and_skipped(toy_data, tmp_path):
-    src = tmp_path / 'folder'
-    shutil.copytree(toy_data['toy_coco'] / 'val2017', src / 'imgs')
-    good = sorted((src / 'imgs').iterdir())
-    data = good[0].read_bytes()
-    good[0].write_bytes(data[:len(data) // 2])  # truncated JPEG
-    (src / 'imgs' / 'garbage.png').write_bytes(b'not a png at all')
-    proc = run_tool('make_corrupted.py', src, tmp_path / 'out', '--corruptions', 'contrast',
-                    '--severities', '1', '--workers', '2', '--no-progress', check=False)
-    assert proc.returncode == 1
+def test_every_bad_source_is_listed_and_every_good_one_corrupted(toy_data, tmp_path):
+    src = tmp_path / 'folder' / 'imgs'
+    shutil.copytree(toy_data['toy_coco'] / 'val2017', src)
+    good = sorted(p.name for p in src.iterdir())
+    rng = np.random.default_rng(0)
+    data = (src / good[0]).read_bytes()
+    (src / 'truncated.jpg').write_bytes(data[:len(data) // 2])
+    (src / 'empty.jpg').write_bytes(b'')
+    (src / 'text.png').write_bytes(b'not a png at all')
+    for size in (1, 5):
+        Image.fromarray(rng.integers(0, 255, (size, size, 3), np.uint8)).save(src / f'{size}px.png')
+    rgb16 = rng.integers(0, 65535, (24, 32, 3)).astype(np.uint16)
+    grey16 = rng.integers(0, 65535, (24, 32)).astype(np.uint16)
+    cv2.imwrite(str(src / 'rgb16.png'), rgb16[..., ::-1])
+    cv2.imwrite(str(src / 'grey16.png'), grey16)
+    Image.fromarray(rng.integers(0, 255, (24, 32, 3), np.uint8)).convert('P').save(
+        src / 'palette.png')
+
+    proc = run_tool('make_corrupted.py', src.parent, tmp_path / 'out', '--corruptions',
+                    'contrast', 'gaussian_noise', '--severities', '1', '3', '--workers', '2',
+                    '--no-progress', check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
     manifest = json.loads((tmp_path / 'out' / MANIFEST).read_text())
-    assert sorted(manifest['failed']) == ['imgs/' + good[0].name, 'imgs/garbage.png']
-    written = list((tmp_path / 'out' / 'contrast' / '1' / 'imgs').iterdir())
-    assert len(written) == len(good) - 1
-    assert 'unreadable' in proc.stdout + proc.stderr
+    failed = {Path(k).name: v for k, v in manifest['failed'].items()}
+    assert sorted(failed) == ['1px.png', '5px.png', 'empty.jpg', 'text.png', 'truncated.jpg']
+    assert 'at least 8 px' in failed['1px.png'] and 'at least 8 px' in failed['5px.png']
+    for name in failed:  # the reason and the file reach the user, not only the manifest
+        assert name in proc.stderr
+    converted = {Path(k).name: v for k, v in manifest['converted'].items()}
+    assert sorted(converted) == ['grey16.png', 'palette.png', 'rgb16.png']
+    assert '16-bit' in converted['rgb16.png'] and '16-bit' in converted['grey16.png']
+    assert manifest['counts']['files_present'] == (len(good) + 3) * 4  # 2 corruptions x 2
+    for name, severity in [(n, s) for n in ('contrast', 'gaussian_noise') for s in (1, 3)]:
+        written = sorted(p.name for p in (tmp_path / 'out' / name / str(severity) / 'imgs')
+                         .iterdir())
+        assert written == sorted(good + list(converted))
+    # 16-bit grey and colour are read alike: their high byte, as mmcv.imread sees them
+    for name, high in (('rgb16.png', (rgb16 >> 8).astype(np.uint8)),
+                       ('grey16.png', (grey16 >> 8).astype(np.uint8))):
+        assert np.array_equal(read_image(src / name)[0], high)
+        stored = read_image(tmp_path / 'out' / 'contrast' / '1' / 'imgs' / name)[0]
+        expected = corrupt(high, 'contrast', 1, seed=derive_seed(0, name, 'contrast', 1))
+        assert np.array_equal(stored, expected)
 
 
 @pytest.mark.slow

@@ -53,9 +53,12 @@ def corrupt(img: np.ndarray, name: str, severity: int, seed: SeedLike = None,
     """
     info = get_corruption(name)
     if not isinstance(img, np.ndarray) or img.dtype != np.uint8:
-        raise TypeError(f'corrupt() expects a uint8 numpy array, got '
-                        f'{type(img).__name__}{getattr(img, "dtype", "")}. Convert images with '
-                        'np.asarray(pil_image) or load them with mmcv.imread.')
+        dtype = getattr(img, 'dtype', None)
+        raise TypeError(f'corrupt() expects a uint8 numpy array, got {type(img).__name__}'
+                        + (f' of dtype {dtype}' if dtype is not None else '') + '. Load images '
+                        'with mmcv.imread or np.asarray(pil_image); convert 16-bit images with '
+                        '(img >> 8).astype(np.uint8) and floats in [0, 1] with '
+                        '(np.clip(img, 0, 1) * 255).round().astype(np.uint8).')
     if img.ndim not in (2, 3) or (img.ndim == 3 and img.shape[2] not in (1, 3, 4)):
         raise ValueError(f'corrupt() expects an HxW, HxWx1, HxWx3 or HxWx4 image, got shape '
                          f'{img.shape}.')

@@ -10,7 +10,9 @@ complete dataset (point ``data_root`` at it). Each image's corruption is seeded 
 file name, corruption, severity), so the result does not depend on the worker count, the order
 or on which subset is (re)generated. Files are written atomically (temporary file + rename) and a
 rerun skips the files that exist, so an interrupted run resumes where it stopped. Unreadable or
-truncated sources are reported (``manifest.json`` lists them) and skipped.
+truncated sources and images that cannot be corrupted (under 8 px) are listed with the reason in
+``manifest.json`` (``failed``) and the run goes on (exit status 1); conversions on reading
+(16-bit to 8-bit, palette to RGB...) are listed under ``converted``.
 """
 import argparse
 import json
@@ -81,18 +83,51 @@ def list_images(src: Path, subdirs: Iterable[str]) -> List[str]:
 
 # -- one image -------------------------------------------------------------------------------------
 
-def read_image(path: Path) -> np.ndarray:
-    """Decode an 8-bit image fully (truncated files raise) as HxW, HxWx3 RGB or HxWx4 RGBA."""
+_CONVERTED_MODES = {'P': 'palette (P) -> RGB(A)', 'PA': 'palette with alpha (PA) -> RGBA',
+                    'CMYK': 'CMYK -> RGB', 'YCbCr': 'YCbCr -> RGB',
+                    'LA': 'grey with alpha (LA) -> RGBA', '1': '1-bit -> 8-bit grey'}
+_SIXTEEN_BIT = '-> 8 bits (the high byte, as OpenCV and mmcv.imread read it)'
+
+
+def read_image(path: Path) -> Tuple[np.ndarray, Optional[str]]:
+    """Decode an image fully (truncated files raise) as HxW, HxWx3 RGB or HxWx4 RGBA uint8.
+
+    Returns:
+        The array and what was converted to get it (``None`` if nothing): palette, CMYK,
+        YCbCr, 1-bit and grey-alpha images become RGB(A) / grey, and 16-bit images (grey or
+        colour alike) keep their high byte, which is what a model's loader sees of them.
+
+    Raises:
+        SourceImageError: undecodable, or a mode without a faithful 8-bit reading (float, 32-bit
+            integer), with what to do.
+    """
     try:
         with Image.open(path) as pil:
+            # NOTE: Pillow reads 16-bit RGB(A) as 8-bit silently; only the raw mode tells
+            rawmode = str(pil.tile[0][3]) if pil.tile else ''
             pil.load()
-            if pil.mode in ('P', 'PA', 'CMYK', 'YCbCr', 'LA'):
-                pil = pil.convert('RGBA' if 'A' in pil.mode or 'transparency' in pil.info
-                                  else 'RGB')
-            if pil.mode not in ('L', 'RGB', 'RGBA'):
-                raise SourceImageError(f'unsupported image mode {pil.mode!r} (8-bit L, RGB or '
-                                       'RGBA needed)')
-            return np.asarray(pil)
+            mode = pil.mode
+            if mode in _CONVERTED_MODES:
+                target = 'L' if mode == '1' else ('RGBA' if 'A' in mode or 'transparency'
+                                                  in pil.info else 'RGB')
+                return np.asarray(pil.convert(target)), _CONVERTED_MODES[mode]
+            if mode in ('RGB', 'RGBA'):
+                return np.asarray(pil), (f'16-bit {mode} {_SIXTEEN_BIT}' if ';16' in rawmode
+                                         else None)
+            if mode == 'L':
+                return np.asarray(pil), None
+            if mode.startswith('I'):
+                grey = np.asarray(pil)
+                if grey.size and (grey.min() < 0 or grey.max() > 65535):
+                    raise SourceImageError(
+                        f'32-bit integer image (mode {mode!r}, values {grey.min()}..{grey.max()})'
+                        ': corruptions are defined on 8-bit images; rescale it to 0..255 and save '
+                        'it as an 8-bit PNG')
+                return (grey >> 8).astype(np.uint8), f'16-bit grey {_SIXTEEN_BIT}'
+            raise SourceImageError(
+                f'unsupported image mode {mode!r}: corruptions are defined on 8-bit grey, RGB or '
+                'RGBA images (16-bit is read as 8-bit); for float images save '
+                '(np.clip(x, 0, 1) * 255).round().astype(np.uint8) as PNG')
     except SourceImageError:
         raise
     except Exception as err:  # NOTE: PIL raises OSError, SyntaxError, ValueError... on bad files
@@ -116,23 +151,38 @@ def encode_image(img: np.ndarray, suffix: str, jpeg_quality: int, png_compressio
     return buf.tobytes()
 
 
-def _process(job: Tuple[str, List[Tuple[str, int]]]) -> Tuple[str, int, Optional[str]]:
-    """Worker: corrupt one source image into every missing cell. Returns (path, written, error)."""
+def _process(job: Tuple[str, List[Tuple[str, int]]]
+             ) -> Tuple[str, int, Optional[str], Optional[str]]:
+    """Worker: corrupt one source image into every missing cell.
+
+    Returns:
+        (path, files written, what failed or None, the conversion on reading or None). A cell
+        that fails does not stop the others; the failures are summarised per message.
+    """
     rel, cells = job
     opts = _WORKER_OPTS
     try:
-        img = read_image(opts['src'] / rel)
+        img, conversion = read_image(opts['src'] / rel)
     except SourceImageError as err:
-        return rel, 0, str(err)
+        return rel, 0, str(err), None
     image_id = Path(rel).name
+    written, errors = 0, {}
     for name, severity in cells:
-        out = corrupt(img, name, severity,
-                      seed=derive_seed(opts['seed'], image_id, name, severity),
-                      channel_order=opts['channel_order'])
-        data = encode_image(out, Path(rel).suffix, opts['jpeg_quality'], opts['png_compression'],
-                            opts['lossless'])
-        atomic_bytes(opts['out'] / name / str(severity) / rel, data)
-    return rel, len(cells), None
+        try:
+            out = corrupt(img, name, severity,
+                          seed=derive_seed(opts['seed'], image_id, name, severity),
+                          channel_order=opts['channel_order'])
+            data = encode_image(out, Path(rel).suffix, opts['jpeg_quality'],
+                                opts['png_compression'], opts['lossless'])
+            atomic_bytes(opts['out'] / name / str(severity) / rel, data)
+            written += 1
+        except Exception as err:  # NOTE: recorded in the manifest; the run goes on
+            errors.setdefault(f'{type(err).__name__}: {err}', []).append(f'{name}/{severity}')
+    error = None
+    if errors:
+        error = '; '.join(msg if len(where) == len(cells) else f'{msg} (in {", ".join(where)})'
+                          for msg, where in errors.items())
+    return rel, written, error, conversion
 
 
 _WORKER_OPTS: Dict = {}
@@ -154,7 +204,9 @@ def _link(src: Path, dst: Path, copy: bool) -> None:
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, tmp)
         os.replace(tmp, dst)
     else:
-        os.symlink(src.resolve(), dst, target_is_directory=src.is_dir())
+        # NOTE: relative, so that the dataset and its corrupted copy can move together
+        os.symlink(os.path.relpath(src.resolve(), dst.parent.resolve()), dst,
+                   target_is_directory=src.is_dir())
 
 
 def _remove_stale_temporaries(out: Path) -> int:
@@ -214,29 +266,33 @@ def generate(src: Path, out: Path, protocol: Protocol, seed: int = 0, workers: i
     opts = dict(src=src, out=out, seed=seed, channel_order=channel_order,
                 jpeg_quality=jpeg_quality, png_compression=png_compression, lossless=lossless)
     failed: Dict[str, str] = {}
+    converted: Dict[str, str] = {}
     written = 0
     start = time.time()
     from tqdm import tqdm
     bar = tqdm(total=todo, unit='img', desc=f'{protocol.name} -> {out.name}',
                disable=not progress or todo == 0, dynamic_ncols=True)
+    cells_of = dict(jobs)
+
+    def collect(rel: str, count: int, error: Optional[str], conversion: Optional[str]) -> None:
+        nonlocal written
+        written += count
+        if conversion:
+            converted[rel] = conversion
+        if error:
+            failed[rel] = error
+            bar.write(f'failed: {rel}: {error}')
+        bar.update(len(cells_of[rel]))
+
     if workers > 1 and len(jobs) > 1:
         ctx = mp.get_context('forkserver' if sys.platform != 'win32' else 'spawn')
         with ctx.Pool(workers, initializer=_init_worker, initargs=(opts, )) as pool:
-            for rel, count, error in pool.imap_unordered(_process, jobs, chunksize=1):
-                written += count
-                if error:
-                    failed[rel] = error
-                    bar.write(f'skipped unreadable source {rel}: {error}')
-                bar.update(count if not error else len(dict(jobs)[rel]))
+            for result in pool.imap_unordered(_process, jobs, chunksize=1):
+                collect(*result)
     else:
         _init_worker(opts)
         for job in jobs:
-            rel, count, error = _process(job)
-            written += count
-            if error:
-                failed[rel] = error
-                bar.write(f'skipped unreadable source {rel}: {error}')
-            bar.update(count if not error else len(job[1]))
+            collect(*_process(job))
     bar.close()
 
     manifest = {
@@ -256,8 +312,10 @@ def generate(src: Path, out: Path, protocol: Protocol, seed: int = 0, workers: i
         'counts': {'images': len(images), 'cells': len(cells),
                    'files_expected': len(images) * len(cells),
                    'files_present': done + written, 'written_this_run': written,
-                   'skipped_existing': done, 'failed_sources': len(failed)},
+                   'skipped_existing': done, 'failed_sources': len(failed),
+                   'converted_sources': len(converted)},
         'failed': failed,
+        'converted': converted,
         'seconds_this_run': round(time.time() - start, 2),
     }
     atomic_bytes(out / MANIFEST, json.dumps(manifest, indent=2).encode())
@@ -310,6 +368,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     counts = manifest['counts']
     print(f"{manifest['protocol']}: {counts['files_present']}/{counts['files_expected']} files "
           f"in {args.out} ({counts['written_this_run']} written now, "
-          f"{counts['skipped_existing']} already there), {counts['failed_sources']} unreadable "
-          f"sources, {manifest['seconds_this_run']} s")
+          f"{counts['skipped_existing']} already there), {manifest['seconds_this_run']} s")
+    if manifest['converted']:
+        print(f"{counts['converted_sources']} sources converted on reading (manifest.json "
+              "'converted'): " + ', '.join(f'{k} ({v})' for k, v in
+                                         list(manifest['converted'].items())[:5])
+              + (' ...' if counts['converted_sources'] > 5 else ''))
+    if manifest['failed']:
+        print(f"{counts['failed_sources']} sources FAILED (manifest.json 'failed'; the other "
+              'images were written):', file=sys.stderr)
+        for rel, error in manifest['failed'].items():
+            print(f'  {rel}: {error}', file=sys.stderr)
     return 1 if manifest['failed'] else 0
