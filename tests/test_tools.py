@@ -3,6 +3,7 @@ import json
 import os
 import pickle
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,21 @@ def test_demo_detector_learns(trained_toy_detector):
     final = [r for r in _scalars(trained_toy_detector) if 'coco/bbox_mAP' in r][-1]
     assert final['coco/bbox_mAP'] > 0.12 and final['coco/segm_mAP'] > 0.12
     assert final['coco/bbox_mAP_50'] > 0.3
+
+
+def test_tools_run_the_checkout_they_belong_to(tmp_path):
+    """A second clone's tools import the second clone's mmrobust, even with the first one on
+    PYTHONPATH (as an editable install puts it), and say which one at start-up."""
+    import shutil
+    clone = tmp_path / 'clone'
+    for part in ('mmrobust', 'tools'):
+        shutil.copytree(REPO / part, clone / part, ignore=shutil.ignore_patterns('__pycache__'))
+    for tool in ('robustness_report.py', 'model_converters/clean_checkpoint.py'):
+        proc = run_cmd([sys.executable, clone / 'tools' / tool, '--help'],
+                       env={'PYTHONPATH': str(REPO)})
+        assert f'from {clone / "mmrobust"}\n' in proc.stderr, proc.stderr[-2000:]
+    proc = run_tool('robustness_report.py', '--help')
+    assert f'from {REPO / "mmrobust"}\n' in proc.stderr
 
 
 def test_backbone_benchmark_counts_fused_cpu_attention():

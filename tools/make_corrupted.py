@@ -3,6 +3,14 @@
     python tools/make_corrupted.py data/coco data/coco-c --protocol benchmark --workers 8
 """
 import sys
+from pathlib import Path
+
+# the mmrobust of this checkout, not whichever one is installed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mmrobust.utils.origin import report_origin
+
+report_origin(__file__)
 
 from mmrobust.corruptions.generate import main
 

@@ -8,9 +8,18 @@ Prints P_clean / mPC / rPC per model and metric and the per-corruption means (Ma
 writes OUT_DIR/summary.csv, cells.csv, per_corruption_<metric>.png and per_severity_<metric>.png.
 Accepts mmrobust results JSON and mmdet 3.3 `*_results.pkl` files.
 """
+import sys
+from pathlib import Path
+
+# the mmrobust of this checkout, not whichever one is installed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mmrobust.utils.origin import report_origin
+
+report_origin(__file__)
+
 import argparse
 import os.path as osp
-import sys
 
 from mmrobust.evaluation.report import load_results, plot, summary_markdown, write_csv
 

@@ -3,6 +3,16 @@
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out FILE_OR_DIR] [--show]
                          [--show-dir DIR] [--tta] [--cfg-options k=v ...] [--launcher ...]
 """
+import sys
+from pathlib import Path
+
+# the mmrobust of this checkout, not whichever one is installed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mmrobust.utils.origin import report_origin
+
+report_origin(__file__)
+
 import argparse
 
 from mmengine.config import Config
@@ -39,7 +49,7 @@ def main() -> None:
     cfg = apply_common_args(cfg, args.config, args.launcher, args.work_dir, args.cfg_options)
     cfg = apply_test_args(cfg, args.checkpoint, args.out, args.show, args.show_dir,
                           args.wait_time, args.tta)
-    runner = build_runner(cfg, ('test_dataloader',))
+    runner = build_runner(cfg, ('test_dataloader',), args.allow_partial_load)
     if args.out is not None and config_scope(cfg) == 'mmdet':
         from mmdet.evaluation import DumpDetResults
         runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))

@@ -11,6 +11,16 @@ The model is built and the checkpoint loaded once. After every cell the results 
 command resumes. At the end the P_clean / mPC / rPC table is printed and report/ next to the
 results gets the CSV files and plots; tools/robustness_report.py compares several models.
 """
+import sys
+from pathlib import Path
+
+# the mmrobust of this checkout, not whichever one is installed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mmrobust.utils.origin import report_origin
+
+report_origin(__file__)
+
 import argparse
 import os.path as osp
 
@@ -63,7 +73,7 @@ def main() -> None:
     cfg = apply_test_args(cfg, args.checkpoint, None, False, None, 0, False)
     results_path = args.results or osp.join(cfg.work_dir,
                                             f'robustness_{protocol.name.replace(":", "_")}.json')
-    runner = build_runner(cfg, ('test_dataloader',))
+    runner = build_runner(cfg, ('test_dataloader',), args.allow_partial_load)
     with explain_registry_errors():
         runner.call_hook('before_run')
         runner.load_or_resume()  # the checkpoint, once for all cells

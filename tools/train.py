@@ -3,6 +3,16 @@
     python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp] [--auto-scale-lr]
                                  [--cfg-options k=v ...] [--launcher none|pytorch|slurm|mpi]
 """
+import sys
+from pathlib import Path
+
+# the mmrobust of this checkout, not whichever one is installed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mmrobust.utils.origin import report_origin
+
+report_origin(__file__)
+
 import argparse
 import os
 
@@ -41,7 +51,7 @@ def main() -> None:
     cfg = apply_common_args(cfg, args.config, args.launcher, args.work_dir, args.cfg_options)
     cfg = apply_train_args(cfg, args.resume, args.amp, args.auto_scale_lr)
     loaders = ('train_dataloader', ) + (('val_dataloader', ) if cfg.get('val_cfg') else ())
-    runner = build_runner(cfg, loaders)
+    runner = build_runner(cfg, loaders, args.allow_partial_load)
     with explain_registry_errors():
         runner.train()
     runner.logger.info(f'checkpoints and logs are in {os.path.abspath(cfg.work_dir)}')

@@ -7,6 +7,16 @@ Writes DIR/tokenizer.pth (a plain state dict for VQGAN(checkpoint=...)), DIR/lat
 (for --resume), reconstruction previews in DIR/previews/, codebook usage in DIR/log.jsonl and
 the final PSNR / perplexity / used codes next to two trivial baselines in DIR/eval.json.
 """
+import sys
+from pathlib import Path
+
+# the mmrobust of this checkout, not whichever one is installed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mmrobust.utils.origin import report_origin
+
+report_origin(__file__)
+
 import argparse
 import json
 import os.path as osp

@@ -192,8 +192,10 @@ PREFERRED_METRICS = ('coco/bbox_mAP', 'coco/segm_mAP', 'mIoU', 'aAcc')
 
 def open_study(config: str, checkpoint: str, results_path: str, identity: Dict,
                num_images: int = 0, seed: int = 0, cfg_options: Optional[Dict] = None,
-               work_dir: Optional[str] = None) -> 'PerturbationStudy':
-    """Build the config's model and test loader, load ``checkpoint`` once, open the results."""
+               work_dir: Optional[str] = None,
+               allow_partial_load: bool = False) -> 'PerturbationStudy':
+    """Build the config's model and test loader, load ``checkpoint`` once (strictly unless
+    ``allow_partial_load``), open the results."""
     from mmengine.config import Config
 
     from ..apis import apply_common_args, apply_test_args, build_runner
@@ -201,7 +203,7 @@ def open_study(config: str, checkpoint: str, results_path: str, identity: Dict,
     cfg = Config.fromfile(config)
     cfg = apply_common_args(cfg, config, 'none', work_dir, cfg_options)
     cfg = apply_test_args(cfg, checkpoint, None, False, None, 0, False)
-    runner = build_runner(cfg, ('test_dataloader',))
+    runner = build_runner(cfg, ('test_dataloader',), allow_partial_load)
     runner.call_hook('before_run')
     runner.load_or_resume()
     identity = dict(identity, config=config, config_sha256=config_sha256(cfg),

@@ -4,11 +4,12 @@ The config's `default_scope` decides the task; everything else is shared, so the
 of tools instead of parallel mmdet/mmseg copies.
 """
 import argparse
+import logging
 import os
 import os.path as osp
 import warnings
 from copy import deepcopy
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -26,7 +27,7 @@ from mmrobust.utils.config_checks import (
 )
 
 __all__ = ['apply_common_args', 'apply_train_args', 'apply_test_args', 'build_runner',
-           'setup_distributed']
+           'init_model', 'load_checkpoint_strict', 'setup_distributed', 'add_partial_load_arg']
 
 
 def add_launch_args(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +38,15 @@ def add_launch_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
                         default='none', help='job launcher')
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    add_partial_load_arg(parser)
+
+
+def add_partial_load_arg(parser: argparse.ArgumentParser) -> None:
+    """`--allow-partial-load`: the opt-out of strict whole-model checkpoint loading."""
+    parser.add_argument('--allow-partial-load', action='store_true',
+                        help='load a checkpoint that does not match the model exactly (missing, '
+                        'unexpected or mis-shaped keys are logged instead of stopping the run; '
+                        'e.g. fine-tuning with another number of classes)')
 
 
 def parse_launch_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
@@ -184,17 +194,83 @@ def _replace_sync_bn(obj) -> bool:
     return found
 
 
-def build_runner(cfg: Config, loaders: tuple) -> Runner:
+def build_runner(cfg: Config, loaders: tuple, allow_partial_load: bool = False) -> Runner:
     """Check the config, then build its runner with actionable registry errors.
+
+    The runner loads whole-model checkpoints (`load_from`, resume, test) strictly through
+    :class:`~mmrobust.engine.StrictLoadHook`.
 
     Args:
         cfg: Config after the command-line arguments were applied.
         loaders: Dataloader keys whose dataset paths must exist.
+        allow_partial_load: log checkpoint mismatches instead of stopping (the explicit opt-out).
     """
+    from ..engine.hooks.strict_load import StrictLoadHook
     check_custom_imports(cfg)
     check_dataset_paths(cfg, list(loaders))
     setup_distributed(cfg)
     with explain_registry_errors():
-        if 'runner_type' in cfg:
-            return RUNNERS.build(cfg)
-        return Runner.from_cfg(cfg)
+        runner = RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
+    strict = [h for h in runner.hooks if isinstance(h, StrictLoadHook)]
+    if strict:  # NOTE: declared in the config (as documented for the stock tools)
+        strict[0].allow_partial |= allow_partial_load
+    else:
+        runner.register_hook(StrictLoadHook(allow_partial_load))
+    return runner
+
+
+def load_checkpoint_strict(model: torch.nn.Module, checkpoint: str,
+                           allow_partial_load: bool = False) -> dict:
+    """Load a whole-model checkpoint (mmengine's, or a plain state dict) into ``model``; every
+    key must match in name and shape unless ``allow_partial_load`` (then the lists are logged).
+
+    Returns:
+        The raw checkpoint (for its ``meta``).
+    """
+    from mmengine.runner.checkpoint import _load_checkpoint
+
+    from ..engine.hooks.strict_load import PARTIAL_LOAD_FLAG, checkpoint_state, loaded_module
+    from ..models.utils import CheckpointMismatchError, mismatch_message, state_dict_mismatch
+    raw = _load_checkpoint(checkpoint, map_location='cpu')
+    state = checkpoint_state(raw, checkpoint)
+    model = loaded_module(model)
+    problems = state_dict_mismatch(model.state_dict(), state)
+    if any(problems):
+        message = mismatch_message(f'{checkpoint} does not match {type(model).__name__}:',
+                                   *problems)
+        if not allow_partial_load:
+            raise CheckpointMismatchError(
+                f'{message}. Use the config it was trained with, or {PARTIAL_LOAD_FLAG} '
+                '(allow_partial_load=True) for an intended partial load.')
+        print_log(f'PARTIAL LOAD: {message}; the rest keeps its initialisation',
+                  logger='current', level=logging.WARNING)
+        own = model.state_dict()
+        state = {k: v for k, v in state.items() if k in own and v.shape == own[k].shape}
+    model.load_state_dict(state, strict=False)
+    return raw
+
+
+def init_model(config: Union[str, Config], checkpoint: Optional[str] = None,
+               device: str = 'cpu', allow_partial_load: bool = False) -> torch.nn.Module:
+    """`init_detector` / `mmseg.apis.init_model` with a strict checkpoint load.
+
+    mmdet's and mmseg's initialisers load with ``strict=False`` and go on with whatever matched;
+    this one stops with the missing, unexpected and mis-shaped keys unless
+    ``allow_partial_load``, and keeps the checkpoint's ``dataset_meta`` as they do.
+    """
+    cfg = Config.fromfile(config) if isinstance(config, str) else config
+    check_custom_imports(cfg)
+    if config_scope(cfg) == 'mmdet':
+        from mmdet.apis import init_detector as init
+    else:
+        from mmseg.apis import init_model as init
+    model = init(cfg, None, device='cpu')
+    if checkpoint is None:
+        return model
+    raw = load_checkpoint_strict(model, checkpoint, allow_partial_load)
+    meta = raw.get('meta', {}).get('dataset_meta') if isinstance(raw, dict) else None
+    if meta:  # NOTE: as the stock initialisers: lower-case keys, the config's palette kept
+        meta = {k.lower(): v for k, v in meta.items()}
+        meta.setdefault('palette', getattr(model, 'dataset_meta', {}).get('palette', 'random'))
+        model.dataset_meta = meta
+    return model.to(device).eval()

@@ -1,4 +1,4 @@
-from .hooks import DATHook
+from .hooks import DATHook, StrictLoadHook
 from .optim_wrapper import CPUAmpOptimWrapper
 
-__all__ = ['CPUAmpOptimWrapper', 'DATHook']
+__all__ = ['CPUAmpOptimWrapper', 'DATHook', 'StrictLoadHook']

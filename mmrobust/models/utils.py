@@ -13,7 +13,8 @@ from mmengine.logging import MMLogger
 from mmengine.runner.checkpoint import CheckpointLoader
 from torch.nn.modules.batchnorm import _BatchNorm
 
-__all__ = ['CheckpointMismatchError', 'unwrap_state_dict', 'load_state_dict_strict',
+__all__ = ['CheckpointMismatchError', 'unwrap_state_dict', 'state_dict_mismatch',
+           'mismatch_message', 'load_state_dict_strict',
            'load_pretrained', 'resolve_arch', 'init_trunc_normal_']
 
 _WRAPPERS = ('state_dict', 'model', 'state_dict_ema', 'model_ema')
@@ -48,6 +49,32 @@ def _list(keys, limit: int = 40) -> str:
     return ', '.join(keys[:limit]) + more
 
 
+def state_dict_mismatch(own: Mapping[str, torch.Tensor], state_dict: Mapping[str, torch.Tensor],
+                        allowed_missing: Iterable[str] = ()) -> Tuple[list, list, list]:
+    """``(missing, unexpected, mis-shaped)`` keys of ``state_dict`` against a model's ``own``
+    state dict; model keys starting with a prefix in ``allowed_missing`` may be absent."""
+    allowed = tuple(allowed_missing)
+    missing = [k for k in own if k not in state_dict and not k.startswith(allowed)]
+    unexpected = [k for k in state_dict if k not in own]
+    shapes = [f'{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(own[k].shape)}'
+              for k in state_dict if k in own and hasattr(state_dict[k], 'shape')
+              and state_dict[k].shape != own[k].shape]
+    return missing, unexpected, shapes
+
+
+def mismatch_message(header: str, missing: Sequence[str], unexpected: Sequence[str],
+                     shapes: Sequence[str]) -> str:
+    """``header`` followed by the counted, sorted key lists (long lists are cut)."""
+    parts = [header]
+    if missing:
+        parts.append(f'missing keys ({len(missing)}): {_list(missing)}')
+    if unexpected:
+        parts.append(f'unexpected keys ({len(unexpected)}): {_list(unexpected)}')
+    if shapes:
+        parts.append(f'shape mismatches ({len(shapes)}): {_list(shapes, 10)}')
+    return ' '.join(parts)
+
+
 def load_state_dict_strict(model: nn.Module, state_dict: Dict[str, torch.Tensor],
                            allowed_missing: Iterable[str] = (), source: str = 'checkpoint') -> None:
     """Load `state_dict` into `model`; every key must match in name and shape.
@@ -62,24 +89,15 @@ def load_state_dict_strict(model: nn.Module, state_dict: Dict[str, torch.Tensor]
     Raises:
         CheckpointMismatchError: listing missing, unexpected and mis-shaped keys.
     """
-    own = model.state_dict()
-    allowed = tuple(allowed_missing)
-    missing = [k for k in own if k not in state_dict and not k.startswith(allowed)]
-    unexpected = [k for k in state_dict if k not in own]
-    shapes = [f'{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(own[k].shape)}'
-              for k in state_dict if k in own and state_dict[k].shape != own[k].shape]
+    missing, unexpected, shapes = state_dict_mismatch(model.state_dict(), state_dict,
+                                                      allowed_missing)
     if missing or unexpected or shapes:
-        parts = [f'{source} does not match {type(model).__name__}'
-                 f'{"(" + model.arch_name + ")" if hasattr(model, "arch_name") else ""}:']
-        if missing:
-            parts.append(f'missing keys ({len(missing)}): {_list(missing)}')
-        if unexpected:
-            parts.append(f'unexpected keys ({len(unexpected)}): {_list(unexpected)}')
-        if shapes:
-            parts.append(f'shape mismatches ({len(shapes)}): {_list(shapes, 10)}')
-        parts.append('Is it a checkpoint of another architecture or variant? Check `arch` and '
-                     'the file.')
-        raise CheckpointMismatchError(' '.join(parts))
+        header = (f'{source} does not match {type(model).__name__}'
+                  f'{"(" + model.arch_name + ")" if hasattr(model, "arch_name") else ""}:')
+        raise CheckpointMismatchError(
+            mismatch_message(header, missing, unexpected, shapes)
+            + ' Is it a checkpoint of another architecture or variant? Check `arch` and the '
+            'file.')
     model.load_state_dict(state_dict, strict=False)  # NOTE: allowed missing keys are the only gap
 
 

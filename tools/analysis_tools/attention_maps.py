@@ -9,13 +9,23 @@ overlays, and for FAN gates_<name>.png (mean channel gate per block and head); a
 holds, per image and corruption, the L1 distance of the rollout map to the clean one and the
 gate statistics.
 """
+import sys
+from pathlib import Path
+
+# the mmrobust of this checkout, not whichever one is installed
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from mmrobust.utils.origin import report_origin
+
+report_origin(__file__)
+
 import argparse
 
 from mmengine.config import Config, DictAction
 from mmengine.registry import init_default_scope
-from mmengine.runner import load_checkpoint
 
 from mmrobust.analysis import attention_report
+from mmrobust.apis import add_partial_load_arg, load_checkpoint_strict
 from mmrobust.utils import config_scope
 
 
@@ -32,6 +42,7 @@ def main() -> None:
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--out-dir', required=True)
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    add_partial_load_arg(parser)
     args = parser.parse_args()
 
     from mmengine.registry import MODELS
@@ -47,7 +58,7 @@ def main() -> None:
         from mmrobust.datasets import dataset_image_paths
         paths = dataset_image_paths(args.config, 'test_dataloader')[:args.num_images]
     model = MODELS.build(cfg.model)
-    load_checkpoint(model, args.checkpoint, map_location='cpu')
+    load_checkpoint_strict(model, args.checkpoint, args.allow_partial_load)
     model.eval()
     attention_report(model, paths, args.corruptions, args.severity, args.out_dir,
                      seed=args.seed, max_size=args.max_size)

@@ -12,6 +12,16 @@ time), and the table gives every time as the median and range of the per-round r
 GFLOPs are one forward pass as counted by `torch.utils.flop_counter` (matmuls, convolutions and
 attention; 2 FLOPs per multiply-add), so time per GFLOP tells slow code from big models.
 """
+import sys
+from pathlib import Path
+
+# the mmrobust of this checkout, not whichever one is installed
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from mmrobust.utils.origin import report_origin
+
+report_origin(__file__)
+
 import argparse
 import resource
 from typing import Dict, List

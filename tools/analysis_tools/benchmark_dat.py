@@ -13,6 +13,16 @@ held after its imports (model, optimizer state, batches and activations, as the 
 The tokenizer is the config's hook tokenizer; without its checkpoint it runs with random
 weights (same cost). Compare the ratios, not milliseconds across runs: this machine kind is noisy.
 """
+import sys
+from pathlib import Path
+
+# the mmrobust of this checkout, not whichever one is installed
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from mmrobust.utils.origin import report_origin
+
+report_origin(__file__)
+
 import argparse
 import contextlib
 import copy

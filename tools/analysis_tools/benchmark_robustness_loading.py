@@ -9,13 +9,28 @@ config's transforms, in the main process without a model, and (2) the evaluation
 cell as tools/test_robustness.py runs it (workers from the config), with the time the test loop
 waited for data. Both are given as a share of the evaluation's wall time.
 """
+import sys
+from pathlib import Path
+
+# the mmrobust of this checkout, not whichever one is installed
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from mmrobust.utils.origin import report_origin
+
+report_origin(__file__)
+
 import argparse
 import tempfile
 import time
 
 from mmengine.config import Config, DictAction
 
-from mmrobust.apis import apply_common_args, apply_test_args, build_runner
+from mmrobust.apis import (
+    add_partial_load_arg,
+    apply_common_args,
+    apply_test_args,
+    build_runner,
+)
 from mmrobust.corruptions import resolve_protocol
 from mmrobust.evaluation import cell_dataloader, evaluate_robustness
 
@@ -29,6 +44,7 @@ def main() -> None:
     parser.add_argument('--size', type=int, default=None,
                         help='test scale (sets the first Resize of the test pipeline)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    add_partial_load_arg(parser)
     args = parser.parse_args()
 
     cfg = Config.fromfile(args.config)
@@ -40,7 +56,7 @@ def main() -> None:
     work_dir = tempfile.mkdtemp(prefix='robust-loading-')
     cfg = apply_common_args(cfg, args.config, 'none', work_dir, args.cfg_options)
     cfg = apply_test_args(cfg, args.checkpoint, None, False, None, 0, False)
-    runner = build_runner(cfg, ('test_dataloader',))
+    runner = build_runner(cfg, ('test_dataloader',), args.allow_partial_load)
     runner.call_hook('before_run')
     runner.load_or_resume()
     protocol = resolve_protocol(None, args.corruptions, [args.severity])

@@ -14,6 +14,16 @@ Results go to <out-dir>/<analysis>.json after every setting (a rerun resumes), t
 to it (and for Fourier the heatmap matrix as fourier_heatmap.npy); --compare adds other runs'
 JSON files to the figure.
 """
+import sys
+from pathlib import Path
+
+# the mmrobust of this checkout, not whichever one is installed
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from mmrobust.utils.origin import report_origin
+
+report_origin(__file__)
+
 import argparse
 import json
 import os.path as osp
@@ -22,6 +32,7 @@ import numpy as np
 from mmengine.config import DictAction
 
 from mmrobust.analysis import heatmap_matrix, open_study, plot_heatmaps, plot_masking
+from mmrobust.apis import add_partial_load_arg
 from mmrobust.utils import explain_registry_errors
 
 
@@ -43,6 +54,7 @@ def main() -> None:
     parser.add_argument('--label', help='name of this model in the figure (default: config)')
     parser.add_argument('--compare', nargs='+', default=[], help='other runs (their JSON files)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    add_partial_load_arg(parser)
     args = parser.parse_args()
 
     if args.analysis == 'fourier':
@@ -52,7 +64,8 @@ def main() -> None:
     path = osp.join(args.out_dir, f'{args.analysis}.json')
     with explain_registry_errors():
         study = open_study(args.config, args.checkpoint, path, identity, args.num_images,
-                           args.seed, args.cfg_options, work_dir=args.out_dir)
+                           args.seed, args.cfg_options, work_dir=args.out_dir,
+                           allow_partial_load=args.allow_partial_load)
         study.evaluate('clean', None)
         if args.analysis == 'fourier':
             study.fourier(args.grid, args.eps)

@@ -11,6 +11,16 @@ Writes one side-by-side PNG per image (top: inputs; bottom: reconstructions from
 then each corruption at --show-severity), token_view.json (codes changed and reconstruction
 PSNR per corruption and severity) and codes_changed.png.
 """
+import sys
+from pathlib import Path
+
+# the mmrobust of this checkout, not whichever one is installed
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from mmrobust.utils.origin import report_origin
+
+report_origin(__file__)
+
 import argparse
 import os.path as osp
 

@@ -8,6 +8,16 @@ strings and containers: numpy arrays become tensors, objects with a `__dict__` (
 
     python tools/model_converters/clean_checkpoint.py IN.pth OUT.pth --trust-source
 """
+import sys
+from pathlib import Path
+
+# the mmrobust of this checkout, not whichever one is installed
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from mmrobust.utils.origin import report_origin
+
+report_origin(__file__)
+
 import argparse
 from collections import OrderedDict
 from typing import Any, List

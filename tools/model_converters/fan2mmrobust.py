@@ -9,6 +9,16 @@ written, so a checkpoint of another architecture or variant fails here with the 
 Layers the source lacks (the detection `learnable_downsample`, FAN-Swin's per-output norms) keep
 their fresh initialisation and are reported.
 """
+import sys
+from pathlib import Path
+
+# the mmrobust of this checkout, not whichever one is installed
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from mmrobust.utils.origin import report_origin
+
+report_origin(__file__)
+
 import argparse
 import os
 

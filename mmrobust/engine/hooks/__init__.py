@@ -1,3 +1,4 @@
 from .dat import DATHook
+from .strict_load import StrictLoadHook
 
-__all__ = ['DATHook']
+__all__ = ['DATHook', 'StrictLoadHook']
