@@ -1,6 +1,7 @@
 """Robustness evaluation: the mPC/rPC maths, tools/test_robustness.py and the report."""
 import copy
 import json
+import os
 import pickle
 from pathlib import Path
 
@@ -143,8 +144,9 @@ def test_detector_on_the_fly_stored_resume_and_report(toy_data, trained_toy_dete
                     *DET_OPTIONS)
     assert 'P_clean' in proc.stdout and 'coco/segm_mAP' in proc.stdout
     # one command gives the results, the table and the plots
-    assert (tmp_path / 'report' / 'per_corruption_coco_bbox_mAP.png').is_file()
-    assert (tmp_path / 'report' / 'summary.csv').is_file()
+    # (in the results file's own folder: two results files in one folder keep their plots)
+    assert (tmp_path / 'fly_report' / 'per_corruption_coco_bbox_mAP.png').is_file()
+    assert (tmp_path / 'fly_report' / 'summary.csv').is_file()
     data = json.loads(fly.read_text())
     assert data['protocol'] == 'custom' and data['source'] == 'on-the-fly'
     assert sorted(data['cells']) == ['clean', 'fog', 'gaussian_noise']
@@ -253,8 +255,77 @@ def test_mmdet_results_pickle_is_read_safely(tmp_path):
             return (print, ('pwned', ))
     evil = tmp_path / 'evil_results.pkl'
     evil.write_bytes(pickle.dumps({'fog': {0: Payload()}}))
-    with pytest.raises(pickle.UnpicklingError, match='builtins.print is not allowed'):
+    with pytest.raises(ValueError, match='builtins.print is not allowed'):
         load_results(str(evil))
+
+
+def test_a_predictions_dump_points_at_the_metrics_file(tmp_path):
+    """mmdet's test_robustness writes predictions to --out x.pkl, the metrics to
+    x_results.pkl; given the first, the report says to pass the second."""
+    dump = tmp_path / 'x.pkl'
+    dump.write_bytes(pickle.dumps([{'img_id': 1, 'pred_instances': {
+        'scores': np.zeros(3, np.float32)}}]))
+    with pytest.raises(ValueError, match=r'x_results\.pkl: pass that file \(not found'):
+        load_results(str(dump))
+    proc = run_tool('robustness_report.py', dump, check=False)
+    assert proc.returncode != 0 and 'x_results.pkl' in proc.stderr
+
+
+def test_undefined_rpc_reads_as_a_dash_in_plots(tmp_path, monkeypatch):
+    from mmrobust.evaluation import report
+    legends = []
+
+    def keep_legend(fig, path, dpi=120):
+        legends.extend(t.get_text() for t in fig.axes[0].get_legend().get_texts())
+        return str(path)
+    monkeypatch.setattr(report, 'save_figure', keep_legend)
+    results = {'cells': {'clean': {'0': {'mIoU': 0.0}}, 'fog': {'1': {'mIoU': 0.0}}}}
+    report.plot({'untrained': results}, str(tmp_path))
+    assert legends and 'rPC —' in legends[0] and 'nan' not in ' '.join(legends)
+
+
+def test_one_writer_per_results_file(tmp_path):
+    import threading
+    import time
+
+    from mmrobust.utils import FileLockedError, exclusive_lock
+    target = tmp_path / 'r.json'
+    with exclusive_lock(target):
+        with pytest.raises(FileLockedError, match=rf'pid {os.getpid()} on .*--wait'):
+            with exclusive_lock(target):
+                pass
+    assert not (tmp_path / 'r.json.lock').exists()
+
+    # --wait queues behind the holder, and says whom it waits for
+    held, order, messages = threading.Event(), [], []
+
+    def holder():
+        with exclusive_lock(target):
+            held.set()
+            time.sleep(0.5)
+            order.append('first done')
+    thread = threading.Thread(target=holder)
+    thread.start()
+    held.wait()
+    with exclusive_lock(target, wait=True, waiting=messages.append):
+        order.append('second in')
+    thread.join()
+    assert order == ['first done', 'second in'] and 'waiting for pid' in messages[0]
+
+
+def test_second_robustness_run_on_one_results_file_is_refused(toy_data, tmp_path):
+    """A second test_robustness.py on a results file another run writes stops at once with
+    who holds it, before loading or computing anything."""
+    from mmrobust.utils import exclusive_lock
+    ckpt = _init_checkpoint(SEG_CFG, tmp_path / 'seg.pth')
+    results = tmp_path / 'r.json'
+    with exclusive_lock(results):
+        proc = run_tool('test_robustness.py', SEG_CFG, ckpt, '--corruptions', 'fog',
+                        '--severities', '1', '--results', results, '--work-dir', tmp_path / 'w',
+                        *NO_WORKERS, check=False)
+    assert proc.returncode != 0 and 'FileLockedError' in proc.stderr
+    assert f'is being written by pid {os.getpid()}' in proc.stderr
+    assert not results.exists()
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ report_origin(__file__)
 import argparse
 import os.path as osp
 
+from mmrobust.evaluation import report_dir
 from mmrobust.evaluation.report import load_results, plot, summary_markdown, write_csv
 
 
@@ -33,7 +34,8 @@ def main() -> int:
     parser.add_argument('--metrics', nargs='+', default=None,
                         help='metrics to show (default: box/mask AP or mIoU)')
     parser.add_argument('--out-dir', default=None,
-                        help='where CSV and plots go (default: next to the first results file)')
+                        help='where CSV and plots go (default: <stem>_report/ next to the first '
+                        'results file, <stem1>_vs_<stem2>_report/ for several)')
     args = parser.parse_args()
     if args.labels and len(args.labels) != len(args.results):
         parser.error(f'{len(args.labels)} labels for {len(args.results)} results files')
@@ -41,7 +43,10 @@ def main() -> int:
         {osp.basename(q) for q in args.results}) == len(args.results) else p
         for p in args.results]
     results = {label: load_results(path) for label, path in zip(labels, args.results)}
-    out_dir = args.out_dir or osp.join(osp.dirname(osp.abspath(args.results[0])), 'report')
+    # NOTE: one folder per results file (or per set compared), never a shared report/
+    stems = [osp.splitext(osp.basename(p))[0] for p in args.results]
+    out_dir = args.out_dir or report_dir(
+        osp.join(osp.dirname(osp.abspath(args.results[0])), '_vs_'.join(stems)))
     print(summary_markdown(results, args.metrics))
     paths = list(write_csv(results, out_dir)) + plot(results, out_dir, args.metrics)
     print('\nwrote ' + ', '.join(paths))

@@ -8,8 +8,9 @@
 
 The model is built and the checkpoint loaded once. After every cell the results JSON
 (default: WORK_DIR/robustness_<protocol>.json) is rewritten atomically, and rerunning the same
-command resumes. At the end the P_clean / mPC / rPC table is printed and report/ next to the
-results gets the CSV files and plots; tools/robustness_report.py compares several models.
+command resumes; one run at a time writes a results file (a second one stops, or queues with
+--wait). At the end the P_clean / mPC / rPC table is printed and <results stem>_report/ next to
+the results gets the CSV files and plots; tools/robustness_report.py compares several models.
 """
 import sys
 from pathlib import Path
@@ -34,7 +35,7 @@ from mmrobust.apis import (
     parse_launch_args,
 )
 from mmrobust.corruptions import resolve_protocol
-from mmrobust.evaluation import evaluate_robustness
+from mmrobust.evaluation import evaluate_robustness, report_dir, results_lock
 from mmrobust.evaluation.report import plot, summary_markdown, write_csv
 from mmrobust.utils import explain_registry_errors
 
@@ -56,7 +57,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--bgr-compat', action='store_true',
                         help="corrupt mmcv's BGR arrays as if they were RGB (mmdet's historical "
                              'COCO-C; for comparison with published tables)')
-    parser.add_argument('--results', default=None, help='results JSON (resumed if it exists)')
+    parser.add_argument('--results', default=None,
+                        help='results JSON (resumed if it exists; one run at a time writes it)')
+    parser.add_argument('--wait', action='store_true',
+                        help='if another run writes the same results file, wait for it to finish '
+                             'instead of stopping (then resume what it left)')
     parser.add_argument('--save-predictions', default=None, metavar='DIR',
                         help='also dump raw predictions, one DIR/<corruption>_<severity>.pkl '
                              'per cell')
@@ -74,22 +79,21 @@ def main() -> None:
     results_path = args.results or osp.join(cfg.work_dir,
                                             f'robustness_{protocol.name.replace(":", "_")}.json')
     runner = build_runner(cfg, ('test_dataloader',), args.allow_partial_load)
-    with explain_registry_errors():
+    with explain_registry_errors(), results_lock(results_path, args.wait):
         runner.call_hook('before_run')
         runner.load_or_resume()  # the checkpoint, once for all cells
         results = evaluate_robustness(
             runner, cfg, protocol, results_path, seed=args.seed, bgr_compat=args.bgr_compat,
             corrupted_root=args.corrupted_root, checkpoint=args.checkpoint,
-            save_predictions=args.save_predictions)
+            save_predictions=args.save_predictions, partial_load=args.allow_partial_load)
         runner.call_hook('after_run')
-    if runner.rank == 0:
-        label = osp.splitext(osp.basename(args.config))[0]
-        print(summary_markdown({label: results}))
-        report_dir = osp.join(osp.dirname(osp.abspath(results_path)), 'report')
-        files = list(write_csv({label: results}, report_dir)) + plot({label: results}, report_dir)
-        print(f'\nresults: {results_path}\nreport: {", ".join(files)}\ncompare models: '
-              f'python tools/robustness_report.py {results_path} OTHER.json --out-dir DIR')
-
+        if runner.rank == 0:
+            label = osp.splitext(osp.basename(args.config))[0]
+            print(summary_markdown({label: results}))
+            out = report_dir(results_path)
+            files = list(write_csv({label: results}, out)) + plot({label: results}, out)
+            print(f'\nresults: {results_path}\nreport: {", ".join(files)}\ncompare models: '
+                  f'python tools/robustness_report.py {results_path} OTHER.json --out-dir DIR')
 
 if __name__ == '__main__':
     main()

@@ -7,7 +7,10 @@ from .robustness import (
     cell_dataloader,
     evaluate_robustness,
     find_loading_step,
+    report_dir,
+    results_lock,
 )
 
 __all__ = ['CLEAN', 'PipelineError', 'ResultsMismatchError', 'RobustnessResults',
-           'cell_dataloader', 'evaluate_robustness', 'find_loading_step', 'robustness_summary']
+           'cell_dataloader', 'evaluate_robustness', 'find_loading_step', 'report_dir',
+           'results_lock', 'robustness_summary']

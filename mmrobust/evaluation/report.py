@@ -48,7 +48,20 @@ def load_results(path: str) -> Dict:
         raise FileNotFoundError(f'Results file {path} does not exist.')
     if path.endswith(('.pkl', '.pickle')):
         with open(path, 'rb') as f:
-            data = _PlainUnpickler(io.BytesIO(f.read())).load()
+            raw = f.read()
+        try:
+            data = _PlainUnpickler(io.BytesIO(raw)).load()
+            if not isinstance(data, Mapping) or not all(isinstance(v, Mapping)
+                                                        for v in data.values()):
+                raise pickle.UnpicklingError(f'it holds a {type(data).__name__}, not '
+                                             '{corruption: {severity: metrics}}')
+        except pickle.UnpicklingError as err:
+            stem, ext = osp.splitext(path)
+            hint = (f' mmdet\'s test_robustness.py writes the predictions to --out {path} and the '
+                    f'metrics to {stem}_results{ext}: pass that file'
+                    + ('' if osp.isfile(f'{stem}_results{ext}') else ' (not found next to it)'))
+            raise ValueError(f'{path} is not a robustness results file ({err}).'
+                             + ('' if stem.endswith('_results') else hint)) from None
         return _from_mmdet_pkl(data)
     with open(path) as f:
         data = json.load(f)
@@ -78,8 +91,11 @@ def main_metrics(summaries: Mapping[str, Dict]) -> List[str]:
     return chosen or names
 
 
-def _fmt(value: float, scale: float = 1.0) -> str:
-    return '—' if value != value else f'{value * scale:.3f}'
+def _fmt(value: float, scale: float = 1.0, unit: str = '') -> str:
+    """A number for tables and legends; '—' for an undefined one (rPC when P_clean is 0)."""
+    if value != value:
+        return '—'
+    return f'{value * scale:.1f}{unit}' if unit else f'{value * scale:.3f}'
 
 
 def summary_markdown(results_by_label: Mapping[str, Mapping],
@@ -167,7 +183,7 @@ def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
                 continue
             values = [m['per_corruption'].get(c, np.nan) for c in corruptions]
             ax.bar(xs + (i - (len(summaries) - 1) / 2) * width, values, width,
-                   label=f"{label} (mPC {m['mPC']:.3f}, rPC {100 * m['rPC']:.1f}%)")
+                   label=f"{label} (mPC {_fmt(m['mPC'])}, rPC {_fmt(m['rPC'], 100, '%')})")
             ax.axhline(m['P_clean'], color=f'C{i}', linestyle='--', linewidth=1)
         ax.set_xticks(xs, corruptions, rotation=45, ha='right')
         written.append(_finish(fig, ax, f'{name} (mean over severities)',

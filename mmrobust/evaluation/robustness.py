@@ -11,14 +11,16 @@ import hashlib
 import json
 import os.path as osp
 import time
-from typing import Dict, List, Optional
+from contextlib import ExitStack, contextmanager
+from typing import Dict, Iterator, List, Optional
 
 from mmengine.config import Config, ConfigDict
-from mmengine.dist import barrier, get_dist_info
+from mmengine.dist import barrier, broadcast_object_list, get_dist_info
+from mmengine.logging import print_log
 
 from ..corruptions import Protocol
 from ..utils.config_checks import leaf_datasets
-from ..utils.io import ResultsStore
+from ..utils.io import FileLockedError, ResultsStore, exclusive_lock
 from ..version import __version__
 from .metrics import CLEAN
 
@@ -94,6 +96,38 @@ def cell_dataloader(cfg: Config, corruption: Optional[str], severity: int, seed:
 
 # -- the results file ------------------------------------------------------------------------------
 
+def report_dir(results_path: str) -> str:
+    """Where the tables and plots of a results file go: ``<results stem>_report/`` next to it,
+    so two results files in one folder keep their own."""
+    stem = osp.splitext(osp.abspath(results_path))[0]
+    return f'{stem}_report'
+
+
+@contextmanager
+def results_lock(path: str, wait: bool = False) -> Iterator[None]:
+    """One writer per results file: rank 0 holds its lock for the with-block.
+
+    A second run on the same file stops with who holds it (or, with ``wait``, queues behind
+    it); in a distributed run every rank stops alike, with no rank left in a collective.
+    """
+    rank, world = get_dist_info()
+    with ExitStack() as stack:
+        error = None
+        if rank == 0:
+            try:
+                stack.enter_context(exclusive_lock(
+                    path, wait, waiting=lambda msg: print_log(msg, logger='current')))
+            except FileLockedError as err:
+                error = str(err)
+        if world > 1:  # NOTE: every rank is here, before any cell: the collective is safe
+            box = [error]
+            broadcast_object_list(box)
+            error = box[0]
+        if error:
+            raise FileLockedError(error)
+        yield
+
+
 class RobustnessResults(ResultsStore):
     """The JSON results file: identity, cells and timings; atomic writes; resume checks."""
 
@@ -136,10 +170,11 @@ def _loading_share(runner, iterations: int) -> Dict[str, float]:
 def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: str, seed: int = 0,
                         bgr_compat: bool = False, corrupted_root: Optional[str] = None,
                         checkpoint: str = '', save_predictions: Optional[str] = None,
-                        progress: bool = True) -> Dict:
+                        progress: bool = True, partial_load: bool = False) -> Dict:
     """Evaluate the clean set and every cell of ``protocol``; returns the results dict.
 
-    ``runner`` has its model built and its checkpoint loaded already (once for all cells).
+    ``runner`` has its model built and its checkpoint loaded already (once for all cells);
+    ``partial_load`` (the checkpoint did not fit the model exactly) is recorded in the results.
     """
     from mmengine.runner import TestLoop
     from tqdm import tqdm
@@ -159,6 +194,8 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         'checkpoint_sha256': file_sha256(checkpoint) if checkpoint else None,
         'scope': cfg.get('default_scope'), 'mmrobust': __version__,
     }
+    if partial_load:
+        identity['partial_load'] = 'the checkpoint did not match the model; see the log'
     results = RobustnessResults(results_path, identity)
     todo = [(CLEAN, 0)] + protocol.cells()
     todo = [(c, s) for c, s in todo if not results.done(c, s)]

@@ -20,12 +20,14 @@ from .config_checks import (
 )
 from .io import (
     TMP_MARK,
+    FileLockedError,
     ResultsMismatchError,
     ResultsStore,
     atomic_bytes,
     atomic_image,
     atomic_json,
     atomic_write,
+    exclusive_lock,
     save_figure,
 )
 
@@ -36,5 +38,6 @@ __all__ = [
     'MissingCustomImportsError', 'RegistryLookupError', 'check_custom_imports',
     'check_dataset_paths', 'config_scope', 'explain_registry_error', 'explain_registry_errors',
     'leaf_datasets', 'TMP_MARK', 'ResultsMismatchError', 'ResultsStore', 'atomic_bytes',
-    'atomic_image', 'atomic_json', 'atomic_write', 'save_figure'
+    'atomic_image', 'atomic_json', 'atomic_write', 'save_figure', 'FileLockedError',
+    'exclusive_lock'
 ]

@@ -16,7 +16,8 @@ from typing import IO, Any, Dict, Iterator, Mapping, Optional, Sequence, Union
 import numpy as np
 
 __all__ = ['TMP_MARK', 'atomic_write', 'atomic_json', 'atomic_bytes', 'atomic_image',
-           'save_figure', 'ResultsStore', 'ResultsMismatchError']
+           'save_figure', 'ResultsStore', 'ResultsMismatchError', 'FileLockedError',
+           'exclusive_lock']
 
 #: Marks the temporary files of :func:`atomic_write` (``<name>.mmrobust-tmp-<pid>``).
 TMP_MARK = '.mmrobust-tmp-'
@@ -81,6 +82,76 @@ def save_figure(fig: Any, path: PathLike, dpi: int = 120) -> str:
         fig.savefig(f, dpi=dpi, format=ext)
     plt.close(fig)
     return os.fspath(path)
+
+
+class FileLockedError(RuntimeError):
+    """Another process writes this file (it holds the file's lock)."""
+
+
+def _holder(lock_path: str) -> str:
+    try:
+        with open(lock_path) as f:
+            info = json.load(f)
+        return (f"pid {info['pid']} on {info['host']} (user {info['user']}, since "
+                f"{info['since']}): {info['command']}")
+    except (OSError, ValueError, KeyError):
+        return 'another process (no details recorded yet)'
+
+
+@contextmanager
+def exclusive_lock(path: PathLike, wait: bool = False,
+                   waiting: Optional[Any] = None) -> Iterator[str]:
+    """Hold an exclusive lock on ``path`` for the with-block (for a job that writes it).
+
+    The lock is an ``flock`` on ``<path>.lock``, which records who holds it; the OS releases
+    it when the holder exits, however it exits, so a killed job leaves no stale lock. The lock
+    file is removed on release.
+
+    Args:
+        path: the file the job writes.
+        wait: wait for the holder to finish instead of raising.
+        waiting: called with a message (who holds it) before waiting.
+
+    Raises:
+        FileLockedError: ``path`` is locked and ``wait`` is False; says who holds it.
+    """
+    import fcntl
+    import getpass
+    import socket
+    import sys
+    lock_path = f'{os.fspath(path)}.lock'
+    os.makedirs(osp.dirname(osp.abspath(lock_path)), exist_ok=True)
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(lock_path)
+            if not wait:
+                os.close(fd)
+                raise FileLockedError(
+                    f'{os.fspath(path)} is being written by {holder}. Wait for that run (or '
+                    'pass --wait to queue behind it), or write to another file.') from None
+            if waiting is not None:
+                waiting(f'waiting for {holder} to release {os.fspath(path)}')
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:  # NOTE: the previous holder may have removed the file we now hold: lock anew
+            same = osp.samestat(os.fstat(fd), os.stat(lock_path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    info = {'pid': os.getpid(), 'host': socket.gethostname(), 'user': getpass.getuser(),
+            'since': datetime.datetime.now().isoformat(timespec='seconds'),
+            'command': ' '.join(sys.argv)}
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps(info).encode())
+    try:
+        yield lock_path
+    finally:
+        os.unlink(lock_path)  # NOTE: while still holding it (see the check above)
+        os.close(fd)
 
 
 class ResultsMismatchError(RuntimeError):
@@ -156,10 +227,9 @@ class ResultsStore:
         if save:
             self.save()
 
-    def save(self, stamp: bool = True) -> None:
-        """Rewrite the file atomically (``stamp``: with ``created`` / ``updated`` times)."""
-        if stamp:
-            now = datetime.datetime.now().isoformat(timespec='seconds')
-            self.data['created'] = self.data.get('created') or now
-            self.data['updated'] = now
+    def save(self) -> None:
+        """Rewrite the file atomically, with ``created`` / ``updated`` times."""
+        now = datetime.datetime.now().isoformat(timespec='seconds')
+        self.data['created'] = self.data.get('created') or now
+        self.data['updated'] = now
         atomic_json(self.path, self.data)

@@ -33,7 +33,7 @@ from mmengine.config import DictAction
 
 from mmrobust.analysis import heatmap_matrix, open_study, plot_heatmaps, plot_masking
 from mmrobust.apis import add_partial_load_arg
-from mmrobust.utils import explain_registry_errors
+from mmrobust.utils import exclusive_lock, explain_registry_errors
 
 
 def main() -> None:
@@ -62,7 +62,8 @@ def main() -> None:
     else:
         identity = dict(analysis='masking', patch=args.patch)
     path = osp.join(args.out_dir, f'{args.analysis}.json')
-    with explain_registry_errors():
+    # NOTE: one run per results file (a second one would compute the same settings again)
+    with explain_registry_errors(), exclusive_lock(path):
         study = open_study(args.config, args.checkpoint, path, identity, args.num_images,
                            args.seed, args.cfg_options, work_dir=args.out_dir,
                            allow_partial_load=args.allow_partial_load)
