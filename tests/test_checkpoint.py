@@ -11,7 +11,7 @@ from mmengine.model import BaseModel
 from mmengine.runner import Runner, load_checkpoint
 
 import mmrobust  # noqa: F401  (installs the safe loader)
-from mmrobust.utils import UnsafeCheckpointError, safe_load
+from mmrobust.utils import NotACheckpointError, UnsafeCheckpointError, safe_load
 
 from conftest import run_tool
 
@@ -144,3 +144,23 @@ def test_getattr_only_reaches_history_buffer_statistics(tmp_path):
     torch.save({'x': _SneakyGetattr()}, path)
     with pytest.raises(UnsafeCheckpointError, match='only HistoryBuffer statistics'):
         safe_load(str(path))
+
+
+@pytest.mark.parametrize('content,says', [
+    (b'', 'an empty file'),
+    (b'hello, I am text', "not a torch.save file \\(it starts with b'hello, I'"),
+    (None, 'a plain Python pickle'),
+])
+def test_what_is_no_torch_file_is_named_as_such(tmp_path, content, says):
+    import pickle
+    path = tmp_path / 'model.pth'
+    path.write_bytes(pickle.dumps({'state_dict': {'w': np.zeros(2)}}) if content is None
+                     else content)
+    with pytest.raises(NotACheckpointError, match=f'model.pth is not a checkpoint: {says}'):
+        safe_load(str(path))
+    with pytest.raises(NotACheckpointError):  # and through mmengine, as the tools load
+        load_checkpoint(nn.Linear(2, 2), str(path))
+    # both torch.save formats still load
+    for zipped in (True, False):
+        torch.save({'w': torch.ones(2)}, path, _use_new_zipfile_serialization=zipped)
+        assert torch.equal(safe_load(str(path))['w'], torch.ones(2))

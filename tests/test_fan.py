@@ -447,3 +447,20 @@ def test_stem_norms_reproduce_the_released_training():
     assert [m.unbiased for m in norms] == [False] + [True] * 7
     assert not any(m.unbiased for m in FANHybrid('tiny', stem_unbiased_norm=False).modules()
                    if isinstance(m, LayerNorm2d))
+
+
+def test_mmengine_flop_count_of_a_fan_block_includes_its_attention():
+    """`get_flops.py` (mmengine's FlopAnalyzer) counts the fused attention mmrobust registers:
+    heads x N x N x (q·k and attn·v widths) multiply-adds, mmengine's unit."""
+    from mmengine.analysis import FlopAnalyzer
+
+    import mmrobust  # noqa: F401  (registers the handle)
+    dim, heads, side = 192, 4, 14
+    block = fan_module.FANBlock(dim, heads).eval()
+    analyzer = FlopAnalyzer(block, (torch.randn(1, side * side, dim), side, side))
+    n = side * side
+    assert analyzer.by_operator()['scaled_dot_product_attention'] == heads * n * n * 2 * (
+        dim // heads)
+    assert 'aten::scaled_dot_product_attention' not in analyzer.unsupported_ops()
+    assert analyzer.total() > sum(v for k, v in analyzer.by_operator().items()
+                                  if k != 'scaled_dot_product_attention')

@@ -63,7 +63,11 @@ def test_detection_train_test_and_resume(toy_data, tmp_path):
                                     'configs/toy/segformer_fan-t-hybrid_toy-cityscapes.py'])
 def test_fan_toy_configs_train(config, toy_data, tmp_path):
     work = tmp_path / 'fan'
-    run_tool('train.py', config, '--work-dir', work, *_short(2))
+    proc = run_tool('train.py', config, '--work-dir', work, *_short(2))
+    # the frozen class-token path: one summary line, not one warning per parameter
+    assert 'is skipped since its requires_grad=False' not in proc.stdout + proc.stderr
+    assert '27 frozen parameters are left out of the optimizer: backbone.cls_token' in \
+        proc.stdout + proc.stderr
     ckpt = safe_load(str(work / 'iter_2.pth'))
     assert ckpt['meta']['iter'] == 2
     assert any(k.startswith('backbone.blocks.') for k in ckpt['state_dict'])

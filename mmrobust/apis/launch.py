@@ -211,6 +211,8 @@ def build_runner(cfg: Config, loaders: tuple, allow_partial_load: bool = False) 
     setup_distributed(cfg)
     with explain_registry_errors():
         runner = RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
+    if 'train_dataloader' in loaders:
+        _summarise_frozen_parameters(runner)
     strict = [h for h in runner.hooks if isinstance(h, StrictLoadHook)]
     if strict:  # NOTE: declared in the config (as documented for the stock tools)
         strict[0].allow_partial |= allow_partial_load
@@ -248,6 +250,29 @@ def load_checkpoint_strict(model: torch.nn.Module, checkpoint: str,
         state = {k: v for k, v in state.items() if k in own and v.shape == own[k].shape}
     model.load_state_dict(state, strict=False)
     return raw
+
+
+class _FrozenParameterLines(logging.Filter):
+    """Drops mmengine's optimizer-constructor line per frozen parameter (27 for a FAN
+    detector's class-token path); :func:`_summarise_frozen_parameters` says it once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return 'is skipped since its requires_grad=False' not in record.getMessage()
+
+
+def _summarise_frozen_parameters(runner: Runner) -> None:
+    from ..engine.hooks.strict_load import loaded_module
+    frozen = [n for n, p in loaded_module(runner.model).named_parameters() if not p.requires_grad]
+    if not frozen:
+        return
+    groups: dict = {}
+    for name in frozen:
+        group = '.'.join(name.split('.')[:3])
+        groups[group] = groups.get(group, 0) + 1
+    runner.logger.info(
+        f'{len(frozen)} frozen parameters are left out of the optimizer: '
+        + ', '.join(g if n == 1 and g in frozen else f'{g}.* ({n})' for g, n in groups.items()))
+    runner.logger.addFilter(_FrozenParameterLines())
 
 
 def init_model(config: Union[str, Config], checkpoint: Optional[str] = None,

@@ -1,4 +1,5 @@
 from .checkpoint import (
+    NotACheckpointError,
     UnsafeCheckpointError,
     install_safe_checkpoint_loader,
     load_from_local,
@@ -32,8 +33,8 @@ from .io import (
 )
 
 __all__ = [
-    'UnsafeCheckpointError', 'install_safe_checkpoint_loader', 'load_from_local',
-    'load_lightning_checkpoint',
+    'NotACheckpointError', 'UnsafeCheckpointError', 'install_safe_checkpoint_loader',
+    'load_from_local', 'load_lightning_checkpoint',
     'register_safe_globals', 'safe_globals', 'safe_load', 'DatasetNotFoundError',
     'MissingCustomImportsError', 'RegistryLookupError', 'check_custom_imports',
     'check_dataset_paths', 'config_scope', 'explain_registry_error', 'explain_registry_errors',

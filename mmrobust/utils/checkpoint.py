@@ -22,9 +22,9 @@ import torch
 from mmengine.logging import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader
 
-__all__ = ['UnsafeCheckpointError', 'safe_load', 'register_safe_globals', 'safe_globals',
-           'load_from_local', 'install_safe_checkpoint_loader', 'load_lightning_checkpoint',
-           'STUBBED_NAMESPACES']
+__all__ = ['UnsafeCheckpointError', 'NotACheckpointError', 'safe_load', 'register_safe_globals',
+           'safe_globals', 'load_from_local', 'install_safe_checkpoint_loader',
+           'load_lightning_checkpoint', 'STUBBED_NAMESPACES']
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError):
@@ -93,13 +93,45 @@ def _unsafe_globals(f: Union[str, BinaryIO], exc: Exception) -> List[str]:
     return sorted(set(names))
 
 
+class NotACheckpointError(ValueError):
+    """The file is not something ``torch.save`` wrote (a plain pickle, text, empty...)."""
+
+
+#: how a legacy (pre-zip) torch.save file starts: the pickled magic number
+_LEGACY_MAGIC = b'\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19'
+
+
+def _check_torch_file(f: Union[str, BinaryIO], name: str) -> None:
+    """Raise :class:`NotACheckpointError` unless ``f`` starts like a torch.save file."""
+    if isinstance(f, str):
+        with open(f, 'rb') as fh:
+            head = fh.read(len(_LEGACY_MAGIC))
+    else:
+        pos = f.tell()
+        head = f.read(len(_LEGACY_MAGIC))
+        f.seek(pos)
+    if head.startswith(b'PK\x03\x04') or head == _LEGACY_MAGIC:
+        return
+    if not head:
+        what = 'an empty file'
+    elif head[:1] == b'\x80':
+        what = ('a plain Python pickle, not a torch.save file (e.g. pickle.dump or mmdet\'s '
+                '--out predictions). If it holds weights from a source you trust, load it with '
+                'pickle and torch.save its state dict')
+    else:
+        what = f'not a torch.save file (it starts with {head[:8]!r})'
+    raise NotACheckpointError(f'{name} is not a checkpoint: {what}.')
+
+
 def safe_load(f: Union[str, BinaryIO], map_location: Optional[Any] = None) -> Any:
     """`torch.load` with `weights_only=True` and mmrobust's allow-list.
 
     Raises:
+        NotACheckpointError: the file was not written by ``torch.save``.
         UnsafeCheckpointError: the file holds pickled objects that are not allow-listed.
     """
     name = f if isinstance(f, str) else getattr(f, 'name', '<buffer>')
+    _check_torch_file(f, name)
     try:
         with torch.serialization.safe_globals(_SAFE_GLOBALS):
             return torch.load(f, map_location=map_location, weights_only=True)

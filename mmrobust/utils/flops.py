@@ -1,0 +1,36 @@
+"""FLOP counting of fused attention in mmengine's complexity analysis (`get_flops.py`).
+
+mmengine's jit-based :class:`~mmengine.analysis.FlopAnalyzer` has no handle for
+``aten::scaled_dot_product_attention``, which every mmrobust attention calls: it warns once and
+counts zero, so mmdet's / mmseg's ``get_flops.py`` under-count FAN, FAN-Swin and Dr-ViT (the toy
+FAN-T-Hybrid's global attention was missing from its 14.6 GFLOPs). Importing mmrobust adds the
+handle to mmengine's default tables: it only fills that gap, and every other operator keeps
+mmengine's handle.
+"""
+from math import prod
+from typing import Any, List
+
+__all__ = ['sdpa_flop_jit', 'register_flop_handles']
+
+
+def _shape(value: Any) -> List[int]:
+    return list(value.type().sizes())
+
+
+def sdpa_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
+    """Multiply-adds of ``softmax(q k^T) v`` (mmengine counts one FLOP per multiply-add, as
+    for matmul): ``batch * L * S * (E + Ev)`` for q ``[..., L, E]``, k ``[..., S, E]`` and v
+    ``[..., S, Ev]``; the softmax and the mask are not counted (nor are they for matmul)."""
+    q, k, v = (_shape(x) for x in inputs[:3])
+    batch = prod(q[:-2])
+    return batch * q[-2] * k[-2] * (q[-1] + v[-1])
+
+
+def register_flop_handles() -> None:
+    """Add the fused-attention handle to mmengine's default FLOP (and activation) tables."""
+    from mmengine.analysis import complexity_analysis as ca
+    from mmengine.analysis.jit_handles import generic_activation_jit
+    ca._DEFAULT_SUPPORTED_FLOP_OPS.setdefault('aten::scaled_dot_product_attention',
+                                              sdpa_flop_jit)
+    ca._DEFAULT_SUPPORTED_ACT_OPS.setdefault('aten::scaled_dot_product_attention',
+                                             generic_activation_jit())
