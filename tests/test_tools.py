@@ -164,6 +164,11 @@ def test_demo_detector_learns(trained_toy_detector):
     assert final['coco/bbox_mAP_50'] > 0.3
 
 
+def test_a_command_past_its_safety_limit_fails_as_a_timeout():
+    with pytest.raises(pytest.fail.Exception, match=r'TIMEOUT \(not a wrong result\): sleep 5'):
+        run_cmd(['sleep', '5'], timeout=0.5)
+
+
 def test_tools_run_the_checkout_they_belong_to(tmp_path):
     """A second clone's tools import the second clone's mmrobust, even with the first one on
     PYTHONPATH (as an editable install puts it), and say which one at start-up."""
