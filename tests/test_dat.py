@@ -11,7 +11,7 @@ from mmengine.runner import Runner
 
 from mmrobust.engine import DATHook
 from mmrobust.models import VQGAN
-from mmrobust.models.data_preprocessors import PixelSpace
+from mmrobust.models.data_preprocessors import PixelSpace, valid_mask
 from mmrobust.utils import safe_load
 
 from conftest import REPO, free_port, run_cmd, run_tool
@@ -202,14 +202,113 @@ def test_prob_start_iter_and_seeded_choices(toy_data):
     assert torch.equal(out['inputs'], clean['inputs']) and not off.last_stats
 
 
-def test_random_start_stays_in_the_eps_ball(toy_data):
-    model, batch = toy_model(SEG_PLAIN)
+def test_random_start_as_the_reference_draws_it(toy_data):
+    """One coin per attacked batch with probability 0.8; x0 = clamp(x̂ + ε n/‖n‖) on the
+    ε-sphere; the step's total change from x̂ capped at ε."""
     hook = DATHook(tokenizer=ScalarQuantizer(), alpha=0.5, eps=0.3, random_start=True,
-                   requantize='input')
+                   random_start_prob=0.8, requantize='input', seed=3)
+    coins = [hook.takes_random_start(i) for i in range(2000)]
+    assert abs(sum(coins) / len(coins) - 0.8) < 0.03  # 4 standard deviations
+    assert coins == [DATHook(tokenizer=ScalarQuantizer(), random_start=True, random_start_prob=0.8,
+                             seed=3).takes_random_start(i) for i in range(2000)]
+    mask = torch.ones(2, 1, 8, 8, dtype=torch.bool)
+    noise = hook.random_start_noise(torch.Size((2, 3, 8, 8)), mask, 0)
+    torch.testing.assert_close(noise.flatten(1).norm(dim=1), torch.full((2, ), 0.3))
+    model, batch = toy_model(SEG_PLAIN)
     hook.attach(model)
-    hook.attack_batch(batch, 0)
+    started = next(i for i, c in enumerate(coins) if c)
+    hook.attack_batch(batch, started)
     hook.detach()
+    assert hook.last_stats['dat_random_start'] == 1
     assert hook.last_stats['dat_delta'] <= 0.3 + 1e-5
+
+
+def test_pixel_rms_budget_is_the_same_at_every_size():
+    """budget='pixel_rms': alpha is the RMS change per valid pixel, whatever the size and the
+    padding; at 224² it is the image budget divided by sqrt(3·224²)."""
+    torch.manual_seed(0)
+    rms = DATHook(tokenizer=ScalarQuantizer(), alpha=1e-3, eps=1.0, budget='pixel_rms')
+    for h, w, valid_w in ((224, 224, 224), (800, 1333, 1000)):
+        mask = torch.zeros(1, 1, h, w, dtype=torch.bool)
+        mask[..., :valid_w] = True
+        delta = rms.perturbation(torch.randn(1, 3, h, w), mask, None)
+        per_pixel = float(delta.pow(2).sum() / (3 * h * valid_w)) ** 0.5
+        assert per_pixel == pytest.approx(1e-3, rel=1e-4)
+        assert not delta[..., valid_w:].any()
+    image = DATHook(tokenizer=ScalarQuantizer(), alpha=0.1, eps=0.1)
+    same = DATHook(tokenizer=ScalarQuantizer(), alpha=0.1 / (3 * 224 * 224) ** 0.5,
+                   eps=0.1 / (3 * 224 * 224) ** 0.5, budget='pixel_rms')
+    grad, mask = torch.randn(2, 3, 224, 224), torch.ones(2, 1, 224, 224, dtype=torch.bool)
+    torch.testing.assert_close(image.perturbation(grad, mask, None),
+                               same.perturbation(grad, mask, None))
+    # the same image budget at 1333x800 is ~4.6x smaller per pixel (the spec's figure)
+    assert (1333 * 800 / 224 ** 2) ** 0.5 == pytest.approx(4.6, abs=0.05)
+
+
+def test_alpha_zero_trains_on_the_round_trip_without_an_attack_pass(toy_data):
+    model, batch = toy_model(SEG_PLAIN)
+    hook = DATHook(tokenizer=ScalarQuantizer(levels=7), alpha=0, mode='replace')
+    hook.attach(model)
+    calls = []
+    model.register_forward_pre_hook(lambda *args: calls.append(1))
+    out = hook.attack_batch(batch, 0)
+    hook.detach()
+    clean = model.data_preprocessor(batch, True)
+    pixels = hook.space.to_pixels(clean['inputs'])
+    # Q(Q(x)) = Q(x) for a scalar quantiser; the padding is left as it is
+    mask = valid_mask(clean['data_samples'], tuple(pixels.shape), pixels.device)
+    levels = torch.where(mask, (pixels * 7).round() / 7, pixels)
+    torch.testing.assert_close(hook.space.to_pixels(out['inputs']), levels, atol=1e-5, rtol=0)
+    assert not calls and 'dat_loss' not in hook.last_stats  # no gradient pass at all
+    assert hook.last_stats['dat_delta'] == 0
+
+
+def test_attack_pass_runs_no_syncbn_collective(monkeypatch):
+    """SyncBN layers use local batch statistics in the attack pass: with a process group up
+    (where SyncBN on CPU would refuse to run and on GPUs would all-reduce), no collective is
+    called, the input gradient equals plain BN's, and the running statistics do not move."""
+    import torch.distributed as dist
+
+    from mmrobust.engine.hooks.dat import local_sync_batchnorm
+
+    class Net(nn.Module):
+        def __init__(self, norm: nn.Module) -> None:
+            super().__init__()
+            self.conv, self.norm = nn.Conv2d(3, 4, 3), norm
+
+        def forward(self, x, data_samples=None, mode='loss'):
+            return {'loss': (self.norm(self.conv(x)) ** 2).mean()}
+
+        def parse_losses(self, losses):
+            return losses['loss'], {}
+
+    torch.manual_seed(0)
+    sync = Net(nn.SyncBatchNorm(4)).train()
+    plain = Net(nn.BatchNorm2d(4)).train()
+    plain.load_state_dict(sync.state_dict())
+    x = torch.rand(2, 3, 8, 8)
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{free_port()}', rank=0,
+                            world_size=1)
+    try:
+        with pytest.raises(ValueError, match='SyncBatchNorm expected input tensor to be on GPU'):
+            sync(x)  # what the attack pass would hit without the guard
+
+        def no_collective(*args, **kwargs):
+            raise AssertionError('a collective ran in the attack pass')
+        for name in ('all_reduce', 'all_gather', 'all_gather_into_tensor', 'broadcast'):
+            monkeypatch.setattr(dist, name, no_collective)
+        hook = DATHook(tokenizer=ScalarQuantizer())
+        grads = []
+        for model in (sync, plain):
+            hook._model = model
+            grads.append(hook.input_gradient(x, None)[0])
+        torch.testing.assert_close(grads[0], grads[1])
+        assert torch.equal(sync.norm.running_mean, torch.zeros(4))
+        with local_sync_batchnorm(sync) as changed:
+            assert changed == 1
+        assert 'forward' not in vars(sync.norm)  # the class's own forward is back
+    finally:
+        dist.destroy_process_group()
 
 
 def test_pixel_space_round_trip_and_chain_rule():
@@ -237,6 +336,14 @@ def test_bad_arguments_are_explained():
         DATHook(tokenizer=ScalarQuantizer(), requantize='latent')
     with pytest.raises(ValueError, match='prob'):
         DATHook(tokenizer=ScalarQuantizer(), prob=2)
+    with pytest.raises(ValueError, match='random_start_prob'):
+        DATHook(tokenizer=ScalarQuantizer(), random_start=True, random_start_prob=1.5)
+    with pytest.raises(ValueError, match='alpha and eps must be >= 0'):
+        DATHook(tokenizer=ScalarQuantizer(), alpha=-0.1)
+    with pytest.raises(ValueError, match="budget must be one of"):
+        DATHook(tokenizer=ScalarQuantizer(), budget='pixel')
+    with pytest.raises(ValueError, match="norm='linf'"):
+        DATHook(tokenizer=ScalarQuantizer(), norm='linf', budget='pixel_rms')
     with pytest.raises(TypeError, match="has no 'encode'"):
         DATHook(tokenizer=nn.Linear(2, 2)).build_tokenizer(torch.device('cpu'))
 
@@ -304,3 +411,16 @@ def test_dat_with_two_processes(toy_data, tmp_path):
     log = proc.stdout + proc.stderr
     assert 'GPU number: 2' in log and len(_dat_log_lines(log)) >= 2
     assert safe_load(str(tmp_path / 'iter_2.pth'))['meta']['iter'] == 2
+
+
+def test_the_dat_base_config_is_the_reference_code():
+    """configs/_base_/dat/dat.py holds the reference implementation's choices (the spec's
+    "Reference details"), and they build."""
+    hook = Config.fromfile(str(REPO / 'configs/_base_/dat/dat.py')).dat_hook
+    reference = dict(alpha=0.1, eps=0.1, budget='image', norm='l2', random_start=True,
+                     random_start_prob=0.8, mode='append', requantize='reconstruction')
+    assert {k: hook[k] for k in reference} == reference
+    assert hook.get('prob', 1.0) == 1.0  # every batch attacked
+    built = DATHook(**{k: v for k, v in hook.items() if k != 'type'})
+    starts = sum(built.takes_random_start(i) for i in range(1000)) / 1000
+    assert 0.75 < starts < 0.85 and built.is_active(0)

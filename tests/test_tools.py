@@ -211,3 +211,51 @@ def test_backbone_benchmark_prints_ratios_to_the_baselines():
     assert rows['resnet50'][header.index('x ResNet-50')] == '1.00 (1.00-1.00)'
     for name, cells in rows.items():
         assert float(cells[header.index('GFLOPs')]) > 0 and float(cells[header.index('ms')]) > 0
+
+
+@pytest.mark.parametrize('torch_info,nvcc,arch_list,expect_rc,expect', [
+    ('none 0 none', None, '', 0, 'CPU ops'),
+    ('12.4 1 9.0', None, '', 1, 'needs nvcc, and there is none'),
+    ('12.4 1 9.0', '12.4', '', 0, 'arch=9.0 force=1'),
+    ('12.4 1 9.0', '12.4', '8.0;9.0', 0, 'arch=8.0;9.0 force=1'),
+    ('12.4 1 8.6', '11.8', '', 1, 'nvcc is CUDA 11.8 but torch was built with CUDA 12.4'),
+], ids=['cpu', 'gpu-no-nvcc', 'gpu', 'gpu-arch-set', 'gpu-nvcc-mismatch'])
+def test_setup_env_cuda_branch(tmp_path, torch_info, nvcc, arch_list, expect_rc, expect):
+    """tools/cuda_env.sh (sourced by setup_env.sh before mmcv's build) with a faked torch and
+    nvcc: CPU machines are untouched; with a GPU it targets the GPU's architecture, or stops
+    before building with what to install."""
+    fake_python = tmp_path / 'python'
+    fake_python.write_text(f'#!/bin/sh\necho "{torch_info}"\n')
+    fake_python.chmod(0o755)
+    cuda_home = tmp_path / 'cuda'
+    (cuda_home / 'bin').mkdir(parents=True)
+    if nvcc:
+        tool = cuda_home / 'bin' / 'nvcc'
+        tool.write_text(f'#!/bin/sh\necho "Cuda compilation tools, release {nvcc}, V{nvcc}.1"\n')
+        tool.chmod(0o755)
+    env = {'CUDA_HOME': str(cuda_home), 'TORCH_CUDA_ARCH_LIST': arch_list, 'FORCE_CUDA': '0'}
+    script = ('[ -n "$TORCH_CUDA_ARCH_LIST" ] || unset TORCH_CUDA_ARCH_LIST; '
+              'source tools/cuda_env.sh; mmrobust_cuda_env "$1"; rc=$?; '
+              'echo "rc=$rc arch=${TORCH_CUDA_ARCH_LIST:-} force=${FORCE_CUDA:-}"')
+    proc = run_cmd(['bash', '-c', script, 'bash', fake_python], env=env)
+    out = proc.stdout + proc.stderr
+    assert f'rc={expect_rc}' in out and expect in out, out
+    setup = (REPO / 'tools' / 'setup_env.sh').read_text()
+    assert setup.index('mmrobust_cuda_env') < setup.index('mmcv==2.1.0')
+
+
+def test_gpu_check_script_commands_exist():
+    """tools/gpu_check.sh (run by a person on a GPU): every tool and config it calls exists and
+    the DAT step loads the tokenizer the first step trains."""
+    proc = run_cmd(['bash', REPO / 'tools' / 'gpu_check.sh', 'work_dirs/x'],
+                   env={'DRY_RUN': '1', 'ITERS': '3'})
+    commands = [line[2:].split() for line in proc.stdout.splitlines() if line.startswith('+ ')]
+    assert len(commands) == 5
+    for words in commands:
+        for word in words[1:]:
+            if word.endswith('.py') and '=' not in word:
+                assert (REPO / word).is_file(), word
+    assert '--amp' in commands[2] and '--amp' in commands[3]
+    assert 'custom_hooks.0.tokenizer.init_cfg.checkpoint=work_dirs/x/tokenizer/tokenizer.pth' \
+        in commands[3]
+    assert 'work_dirs/x/fan-t/iter_3.pth' in commands[4]

@@ -7,6 +7,8 @@
 #
 # The first run builds mmcv 2.1.0 with its C++ ops from source (~20 min on 2 cores); pip keeps
 # the built wheel in its cache, so later runs and new venvs on the same machine take minutes.
+# On a machine whose torch sees a GPU, mmcv's CUDA ops are built for that GPU: that needs nvcc
+# of torch's CUDA version (tools/cuda_env.sh checks before building and says what to install).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -23,13 +25,17 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 CONSTRAINTS=(-c "$ROOT/requirements/constraints.txt")
 STAMP="$VENV/.mmrobust-stack"
 STACK_HASH=$(cat "$ROOT/requirements.txt" "$ROOT"/requirements/*.txt "$ROOT/tools/setup_env.sh" \
-  | sha256sum | cut -c1-16)
+  "$ROOT/tools/cuda_env.sh" | sha256sum | cut -c1-16)
+# shellcheck source=cuda_env.sh
+source "$ROOT/tools/cuda_env.sh"
 
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$STACK_HASH" ]; then
   echo "== installing the mmrobust stack into $VENV"
   "${PIP[@]}" install "${CONSTRAINTS[@]}" torch==2.13.0
   # after torch, which would pull setuptools >= 77 (see requirements/build.txt)
   "${PIP[@]}" install "${CONSTRAINTS[@]}" -r "$ROOT/requirements/build.txt"
+  # CUDA ops when torch sees a GPU: stops here, before the build, if nvcc is missing
+  mmrobust_cuda_env "$VENV/bin/python" || exit 1
   # mmcv's setup.py imports torch to compile its ops, hence no build isolation
   MMCV_WITH_OPS=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} \
     "${PIP[@]}" install "${CONSTRAINTS[@]}" --no-build-isolation mmcv==2.1.0
@@ -41,8 +47,14 @@ fi
 "$VENV/bin/python" - <<'PY'
 import mmcv, mmdet, mmengine, mmseg, torch
 from mmcv.ops import RoIAlign  # noqa: F401  (fails when mmcv was built without its ops)
+from mmcv.ops import get_compiling_cuda_version
 import mmrobust
-print(f'mmrobust {mmrobust.__version__} ready: torch {torch.__version__}, mmengine '
+if torch.cuda.is_available() and get_compiling_cuda_version() == 'not available':
+    raise SystemExit('mmcv was built without CUDA ops but torch sees a GPU: pip reused a CPU '
+                     'build from its cache. Run `pip cache remove mmcv`, delete '
+                     f'{__import__("sys").prefix}/.mmrobust-stack and rerun tools/setup_env.sh.')
+print(f'mmrobust {mmrobust.__version__} ready: torch {torch.__version__} (CUDA '
+      f'{torch.version.cuda}, GPU {"yes" if torch.cuda.is_available() else "no"}), mmengine '
       f'{mmengine.__version__}, mmcv {mmcv.__version__}, mmdet {mmdet.__version__}, '
       f'mmseg {mmseg.__version__}')
 PY

@@ -5,7 +5,9 @@ Mao et al., "Enhance the Visual Representation via Discrete Adversarial Training
 
 1. x̂ = Q(x) (no grad);
 2. g = ∇ₓ̂ L(x̂, y), the model's own total training loss, straight-through (not through Q);
-3. δ = α g / ‖g‖₂ per sample (optional random start, L2 cap ε), in [0, 1] pixel units;
+3. δ = α g / ‖g‖₂ per sample (optional random start, L2 cap ε), in [0, 1] pixel units
+   (``budget='image'``: α and ε are norms over the whole image, as in the reference; or
+   ``'pixel_rms'``: the RMS change per pixel, the same at any resolution);
 4. x_adv = Q(x̂ + δ) (``requantize='reconstruction'``, the reference code) or Q(x + δ)
    (``'input'``, the paper);
 5. the model trains on x_adv (``mode='replace'``, the paper's Algorithm 1) or on clean and
@@ -15,7 +17,11 @@ The hook wraps the model's data preprocessor, so the attack sees exactly the ten
 trains on (after normalisation, padding and batch augments) and the clean and adversarial images
 share their random augmentations. The attack pass runs on the unwrapped module (no DDP
 all-reduce), takes the gradient with respect to the input only (no parameter ``.grad`` is
-touched) and restores every buffer afterwards (BN running statistics are unchanged).
+touched) and restores every buffer afterwards (BN running statistics are unchanged). SyncBN
+layers normalise with their local batch statistics during the attack pass: their cross-rank
+all-reduce would otherwise run in the forward and backward of a pass that DDP does not see
+(see :func:`local_sync_batchnorm`). Whether an iteration is attacked, and whether it takes a
+random start, are drawn from (seed, iteration) alone, so every rank takes the same path.
 """
 import copy
 import os.path as osp
@@ -25,6 +31,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterator, Optional, Tuple, Uni
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from mmengine.dist import get_rank
 from mmengine.hooks import Hook
 from mmengine.logging import MessageHub, print_log
@@ -37,13 +44,14 @@ from ...registry import HOOKS, MODELS
 if TYPE_CHECKING:
     from mmengine.runner import Runner
 
-__all__ = ['DATHook', 'preserved_buffers']
+__all__ = ['DATHook', 'preserved_buffers', 'local_sync_batchnorm']
 
 DATA_BATCH = Optional[Union[dict, tuple, list]]
 
 MODES = ('replace', 'append')
 REQUANTIZE = ('reconstruction', 'input')
 NORMS = ('l2', 'linf')
+BUDGETS = ('image', 'pixel_rms')
 
 
 @contextmanager
@@ -58,6 +66,39 @@ def preserved_buffers(module: nn.Module) -> Iterator[None]:
                 buf.copy_(value)
 
 
+def _is_sync_bn(module: nn.Module) -> bool:
+    # NOTE: torch's SyncBatchNorm and mmcv's MMSyncBN (mmcv.ops.SyncBatchNorm) alike
+    return isinstance(module, nn.SyncBatchNorm) or type(module).__name__ == 'SyncBatchNorm'
+
+
+def _local_batch_norm(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        use_batch = module.training or module.running_mean is None
+        return F.batch_norm(x, module.running_mean, module.running_var, module.weight,
+                            module.bias, use_batch, module.momentum or 0., module.eps)
+    return forward
+
+
+@contextmanager
+def local_sync_batchnorm(module: nn.Module) -> Iterator[int]:
+    """Within the block, every SyncBN layer of ``module`` normalises with its local batch
+    statistics, with no collective in forward or backward; yields how many layers it changed.
+
+    The DAT attack pass is an extra forward/backward inside one training step: a cross-rank
+    reduction there would mix the statistics of clean and attacked batches across ranks and,
+    if ranks ever disagree on running it, deadlock. Running statistics move as in training and
+    are restored by :func:`preserved_buffers` around the same pass.
+    """
+    layers = [m for m in module.modules() if _is_sync_bn(m)]
+    for layer in layers:
+        layer.forward = _local_batch_norm(layer)  # NOTE: an instance attribute shadows the class
+    try:
+        yield len(layers)
+    finally:
+        for layer in layers:
+            del layer.forward
+
+
 @HOOKS.register_module()
 class DATHook(Hook):
     """Discrete Adversarial Training for any mmdet detector or mmseg segmentor.
@@ -65,11 +106,22 @@ class DATHook(Hook):
     Args:
         tokenizer: config of the frozen tokenizer (``type='VQGAN'`` with a taming checkpoint or
             one trained by ``tools/train_vq.py``, via ``init_cfg``), or a built module.
-        alpha: step size, an L2 norm in [0, 1] RGB pixel units (per image).
+        alpha: step size, an L2 norm in [0, 1] RGB pixel units (per image, see ``budget``).
+            0 trains on the VQ round trip alone (no attack pass): the ablation arm that
+            separates discretisation as augmentation from the attack.
         eps: L2 cap of the total perturbation (random start + step); default ``alpha``.
-        random_start: start from a random point in the ε-ball (the reference's option).
+        random_start: start from a random point on the ε-sphere around x̂, clamped to [0, 1]
+            (the reference's option; L2 only), in a fraction ``random_start_prob`` of the
+            attacked batches.
+        random_start_prob: the probability of that start per attacked batch (the reference:
+            0.8).
         norm: ``'l2'`` (the per-sample L2-normalised gradient, the reference) or ``'linf'``
             (``alpha * sign(g)`` per pixel, with ``alpha`` then per pixel; no cap).
+        budget: what ``alpha`` and ``eps`` measure for ``norm='l2'``: ``'image'``, the L2 norm
+            over the whole image (the reference; the RMS change per pixel then shrinks with the
+            image: α = 0.1 is 2.6e-4 per pixel at 224², 5.6e-5 at 1333x800), or
+            ``'pixel_rms'``, the RMS change per pixel over the image's valid (unpadded) area,
+            so a setting transfers across resolutions (α = 2.6e-4 here is α = 0.1 at 224²).
         mode: ``'replace'`` trains on x_adv only, ``'append'`` on clean + adversarial.
         requantize: ``'reconstruction'`` for Q(x̂ + δ) or ``'input'`` for Q(x + δ).
         prob: fraction of iterations that get the attack (the others train on the clean batch).
@@ -89,23 +141,30 @@ class DATHook(Hook):
     priority = 'NORMAL'
 
     def __init__(self, tokenizer: Union[dict, nn.Module], alpha: float = 0.1,
-                 eps: Optional[float] = None, random_start: bool = False, norm: str = 'l2',
+                 eps: Optional[float] = None, random_start: bool = False,
+                 random_start_prob: float = 1.0, norm: str = 'l2', budget: str = 'image',
                  mode: str = 'replace', requantize: str = 'reconstruction', prob: float = 1.0,
                  start_iter: int = 0, seed: int = 0, channel_order: str = 'auto',
                  pixel_max: float = 255., log_interval: int = 1) -> None:
         for name, value, choices in (('mode', mode, MODES), ('requantize', requantize, REQUANTIZE),
-                                     ('norm', norm, NORMS)):
+                                     ('norm', norm, NORMS), ('budget', budget, BUDGETS)):
             if value not in choices:
                 raise ValueError(f'DATHook: {name} must be one of {choices}, got {value!r}')
-        if alpha <= 0 or (eps is not None and eps <= 0):
-            raise ValueError(f'DATHook: alpha and eps must be > 0, got {alpha}, {eps}')
-        if not 0 <= prob <= 1:
-            raise ValueError(f'DATHook: prob must be in [0, 1], got {prob}')
+        if alpha < 0 or (eps is not None and eps < 0):
+            raise ValueError(f'DATHook: alpha and eps must be >= 0 (0: the VQ round trip without '
+                             f'an attack), got {alpha}, {eps}')
+        for name, value in (('prob', prob), ('random_start_prob', random_start_prob)):
+            if not 0 <= value <= 1:
+                raise ValueError(f'DATHook: {name} must be in [0, 1], got {value}')
+        if budget == 'pixel_rms' and norm != 'l2':
+            raise ValueError("DATHook: budget='pixel_rms' rescales L2 norms; with norm='linf' "
+                             'alpha is per pixel already')
         self.tokenizer_cfg = tokenizer
         self.tokenizer: Optional[nn.Module] = tokenizer if isinstance(tokenizer, nn.Module) \
             else None
         self.alpha, self.eps = float(alpha), float(alpha if eps is None else eps)
-        self.random_start, self.norm = random_start, norm
+        self.random_start, self.random_start_prob = random_start, float(random_start_prob)
+        self.norm, self.budget = norm, budget
         self.mode, self.requantize, self.prob = mode, requantize, float(prob)
         self.start_iter, self.seed = int(start_iter), int(seed)
         self.channel_order, self.pixel_max = channel_order, float(pixel_max)
@@ -188,11 +247,21 @@ class DATHook(Hook):
         # NOTE: the same draw on every rank, from (seed, iteration): resumes are reproducible
         return bool(np.random.default_rng([self.seed, it]).random() < self.prob)
 
+    def takes_random_start(self, it: int) -> bool:
+        """Whether attacked iteration ``it`` starts from a random point (one coin per batch,
+        as the reference; drawn from (seed, iteration), the same on every rank)."""
+        if not self.random_start or self.norm != 'l2' or self.eps == 0:
+            return False
+        if self.random_start_prob >= 1:
+            return True
+        return bool(np.random.default_rng([self.seed, it, 1]).random() < self.random_start_prob)
+
     # -- runner hooks ------------------------------------------------------------------------------
     def before_train(self, runner: 'Runner') -> None:
         self.attach(runner.model)
         print_log(f'DATHook: mode={self.mode}, requantize={self.requantize}, alpha={self.alpha}, '
-                  f'eps={self.eps}, norm={self.norm}, prob={self.prob}, tokenizer '
+                  f'eps={self.eps} ({self.budget}), norm={self.norm}, prob={self.prob}, random '
+                  f'start={self.random_start_prob if self.random_start else 0}, tokenizer '
                   f'{type(self.tokenizer).__name__} ({getattr(self.tokenizer, "arch_name", "")})',
                   logger='current')
 
@@ -219,7 +288,7 @@ class DATHook(Hook):
         """(∇ₓ L(x, y) of the model's total training loss, L) without side effects."""
         model = self._model
         x = x.detach().requires_grad_(True)
-        with preserved_buffers(model):
+        with preserved_buffers(model), local_sync_batchnorm(model):
             losses = model(x, data_samples, mode='loss')
             loss, _ = model.parse_losses(losses)
             # NOTE: fp16 autocast can underflow the input gradient; the step is normalised per
@@ -230,25 +299,35 @@ class DATHook(Hook):
             grad, = torch.autograd.grad(loss * scale, x)
         return grad / scale, float(loss.detach())
 
+    def budget_scale(self, mask: torch.Tensor) -> torch.Tensor:
+        """Per image, what turns ``alpha`` / ``eps`` into an L2 norm over the image: 1, or for
+        ``budget='pixel_rms'`` the square root of the image's valid (unpadded) pixel values."""
+        ones = torch.ones(mask.shape[0], 1, 1, 1, device=mask.device)
+        if self.budget == 'image':
+            return ones
+        count = mask.expand(mask.shape[0], 3, *mask.shape[2:]).flatten(1).sum(1).float()
+        return count.sqrt().view(-1, 1, 1, 1)
+
     def perturbation(self, grad: torch.Tensor, mask: torch.Tensor,
                      start: Optional[torch.Tensor]) -> torch.Tensor:
-        """δ in pixel units from the pixel-space gradient."""
+        """δ in pixel units from the pixel-space gradient (``start``: the random start's offset
+        from x̂, included in δ and in its cap)."""
         grad = torch.nan_to_num(grad) * mask
-        dims = tuple(range(1, grad.dim()))
         if self.norm == 'linf':
             return self.alpha * grad.sign()
-        step = grad / grad.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, *[1] * len(dims))
-        delta = self.alpha * step if start is None else start + self.alpha * step
-        norm = delta.flatten(1).norm(dim=1).view(-1, *[1] * len(dims))
-        return delta * (self.eps / norm.clamp_min(1e-12)).clamp(max=1.)
+        scale = self.budget_scale(mask)
+        step = grad / grad.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, 1, 1, 1)
+        delta = self.alpha * scale * step if start is None else start + self.alpha * scale * step
+        norm = delta.flatten(1).norm(dim=1).view(-1, 1, 1, 1)
+        return delta * (self.eps * scale / norm.clamp_min(1e-12)).clamp(max=1.)
 
     def random_start_noise(self, shape: torch.Size, mask: torch.Tensor, it: int) -> torch.Tensor:
+        """ε · n / ‖n‖₂ per image (n Gaussian over the valid area): a point on the ε-sphere."""
         state = np.random.SeedSequence([self.seed, it, get_rank()]).generate_state(1)[0]
         gen = torch.Generator().manual_seed(int(state))
         noise = torch.randn(shape, generator=gen).to(mask.device) * mask
         noise = noise / noise.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, 1, 1, 1)
-        radius = torch.rand(shape[0], generator=gen).to(mask.device).view(-1, 1, 1, 1)
-        return noise * radius * self.eps
+        return noise * self.eps * self.budget_scale(mask)
 
     def attack(self, data: dict, it: int) -> dict:
         """The preprocessed batch ``data`` with its images replaced by (or extended with) x_adv."""
@@ -263,19 +342,26 @@ class DATHook(Hook):
             pixels = space.to_pixels(x)
             x_hat, codes = self.quantize(pixels)
             x_hat = torch.where(mask, x_hat, pixels)
-        start = None
-        if self.random_start and self.norm == 'l2':
-            start = self.random_start_noise(x.shape, mask, it)
-        probe = x_hat if start is None else (x_hat + start).clamp(0, 1)
-        grad, loss = self.input_gradient(space.from_pixels(probe).to(x.dtype), samples)
+        start, loss = None, None
+        if self.alpha == 0 or self.eps == 0:  # NOTE: the VQ round trip alone: no attack pass
+            delta = torch.zeros_like(pixels)
+        else:
+            probe = x_hat
+            if self.takes_random_start(it):
+                # the reference: x0 = clamp(x̂ + ε n/‖n‖), the gradient at x0, δ from x̂
+                probe = (x_hat + self.random_start_noise(x.shape, mask, it)).clamp(0, 1)
+                start = probe - x_hat
+            grad, loss = self.input_gradient(space.from_pixels(probe).to(x.dtype), samples)
+            with torch.no_grad():
+                delta = self.perturbation(space.grad_to_pixels(grad), mask, start)
         with torch.no_grad():
-            delta = self.perturbation(space.grad_to_pixels(grad), mask, start)
             base = x_hat if self.requantize == 'reconstruction' else pixels
             x_adv, adv_codes = self.quantize((base + delta).clamp(0, 1))
             x_adv = torch.where(mask, x_adv, pixels)
             adv = space.from_pixels(x_adv).to(x.dtype)
         self.last_stats = dict(
-            dat_loss=loss,
+            **({} if loss is None else {'dat_loss': loss}),
+            dat_random_start=float(start is not None),
             dat_delta=float(delta.flatten(1).norm(dim=1).mean()),
             dat_codes_changed=float((adv_codes != codes).float().mean()),
             dat_adv_l1=float((x_adv - pixels).abs().mean()))

@@ -10,7 +10,7 @@ Why a hook and not a patch: replacing mmengine's ``load_checkpoint`` when mmrobu
 would change every OpenMMLab model loaded in the same process, including the intended partial
 loads of stock recipes (fine-tuning a COCO detector for other classes). The hook is opt-in per
 runner: mmrobust's tools register it, and a stock tool gets it with
-``--cfg-options default_hooks.strict_load.type=mmrobust.StrictLoadHook``.
+``--cfg-options default_hooks.strict_load.type=StrictLoadHook`` (configs import mmrobust).
 """
 import re
 from typing import Dict, Sequence, Tuple
