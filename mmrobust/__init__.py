@@ -13,6 +13,6 @@ from .version import __version__
 install_safe_checkpoint_loader()
 register_flop_handles()
 
-from . import datasets, engine, models, registry  # noqa: E402,F401  (registers modules)
+from . import datasets, engine, evaluation, models, registry  # noqa: E402,F401  (registers)
 
 __all__ = ['__version__']

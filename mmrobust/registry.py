@@ -15,8 +15,8 @@ from mmdet import registry as det_registry
 from mmengine.registry import Registry
 from mmseg import registry as seg_registry
 
-__all__ = ['MODELS', 'HOOKS', 'TRANSFORMS', 'DATASETS', 'METRICS', 'OPTIM_WRAPPERS', 'SCOPES',
-           'registered_modules']
+__all__ = ['MODELS', 'HOOKS', 'TRANSFORMS', 'DATASETS', 'METRICS', 'OPTIM_WRAPPERS',
+           'OPTIM_WRAPPER_CONSTRUCTORS', 'SCOPES', 'registered_modules']
 
 SCOPES = ('mmdet', 'mmseg')
 
@@ -54,9 +54,11 @@ TRANSFORMS = ScopedRegistries('TRANSFORMS')
 DATASETS = ScopedRegistries('DATASETS')
 METRICS = ScopedRegistries('METRICS')
 OPTIM_WRAPPERS = ScopedRegistries('OPTIM_WRAPPERS')
+OPTIM_WRAPPER_CONSTRUCTORS = ScopedRegistries('OPTIM_WRAPPER_CONSTRUCTORS')
 
 
 def registered_modules() -> List[Tuple[str, str, Any]]:
     """(registry name, module name, class) for everything mmrobust registered."""
-    registries = (MODELS, HOOKS, TRANSFORMS, DATASETS, METRICS, OPTIM_WRAPPERS)
+    registries = (MODELS, HOOKS, TRANSFORMS, DATASETS, METRICS, OPTIM_WRAPPERS,
+                  OPTIM_WRAPPER_CONSTRUCTORS)
     return [(reg.name, key, cls) for reg in registries for key, cls in reg.modules.items()]

@@ -10,7 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / 'configs'
-# model configs (mmdet / mmseg) and tokenizer-training configs (tools/train_vq.py)
+# model configs (mmdet / mmseg) and tokenizer-training configs (VQTokenizerTrainer)
 TOKENIZER_CONFIGS = sorted((CONFIGS / 'tokenizers').glob('*.py'))
 ALL_CONFIGS = sorted(p for p in CONFIGS.rglob('*.py')
                      if '_base_' not in p.parts and p not in TOKENIZER_CONFIGS)

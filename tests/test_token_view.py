@@ -75,6 +75,11 @@ def test_load_tokenizer_needs_weights_and_a_tokenizer(tmp_path, monkeypatch):
     torch.save(trained.state_dict(), tmp_path / 'work_dirs' / 'tok' / 'tokenizer.pth')
     loaded = load_tokenizer('tok.py')
     assert torch.equal(loaded.quantize.embedding.weight, trained.quantize.embedding.weight)
+    # a tokenizer-training config (VQTokenizerTrainer) names its VQGAN as `tokenizer`
+    (tmp_path / 'tok.py').write_text(
+        f'model = dict(type="VQTokenizerTrainer", tokenizer=dict(type="VQGAN", arch={ARCH!r}))\n')
+    loaded = load_tokenizer('tok.py')
+    assert torch.equal(loaded.quantize.embedding.weight, trained.quantize.embedding.weight)
     bad = tmp_path / 'broken.jpg'
     bad.write_bytes(b'\xff\xd8 not really')
     with pytest.raises(ValueError, match='cannot read image'):

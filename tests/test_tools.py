@@ -42,7 +42,9 @@ def test_detection_train_test_and_resume(toy_data, tmp_path):
     assert any('coco/bbox_mAP' in r for r in records) and any('coco/segm_mAP' in r for r in records)
 
     # resume (auto: latest checkpoint of the work dir) continues the iteration count
-    proc = run_tool('train.py', DET_CFG, '--work-dir', work, '--resume', *_short(6, 2))
+    # (no validation this time: the first run validated)
+    proc = run_tool('train.py', DET_CFG, '--work-dir', work, '--resume',
+                    *_short(6, 2, validate=False))
     ckpt = safe_load(str(work / 'iter_6.pth'))
     assert ckpt['meta']['iter'] == 6
     iters = [r['iter'] for r in _scalars(work) if 'loss' in r]
@@ -176,10 +178,10 @@ def test_tools_run_the_checkout_they_belong_to(tmp_path):
     clone = tmp_path / 'clone'
     for part in ('mmrobust', 'tools'):
         shutil.copytree(REPO / part, clone / part, ignore=shutil.ignore_patterns('__pycache__'))
-    for tool in ('robustness_report.py', 'model_converters/clean_checkpoint.py'):
-        proc = run_cmd([sys.executable, clone / 'tools' / tool, '--help'],
-                       env={'PYTHONPATH': str(REPO)})
-        assert f'from {clone / "mmrobust"}\n' in proc.stderr, proc.stderr[-2000:]
+    # (a tool in a subfolder: its repository root is two levels up)
+    proc = run_cmd([sys.executable, clone / 'tools' / 'model_converters' / 'clean_checkpoint.py',
+                    '--help'], env={'PYTHONPATH': str(REPO)})
+    assert f'from {clone / "mmrobust"}\n' in proc.stderr, proc.stderr[-2000:]
     proc = run_tool('robustness_report.py', '--help')
     assert f'from {REPO / "mmrobust"}\n' in proc.stderr
 

@@ -1,108 +1,186 @@
-"""tools/train_vq.py: trains a tokenizer on a dataset config's images, resumes, and its output
-loads into VQGAN strictly."""
+"""Tokenizer training with mmengine's Runner (VQTokenizerTrainer): tools/train_vq.py and
+tools/train.py, resume, DDP, AMP, and its output loading into VQGAN strictly."""
 import json
-import os.path as osp
 
 import pytest
 import torch
 from mmengine.config import Config
+from mmengine.logging import MessageHub
+from mmengine.optim import OptimWrapperDict
+from mmengine.registry import init_default_scope
 
-from mmrobust.apis.train_vq import DEFAULTS, CodebookEMA
-from mmrobust.datasets import ImageCrops, dataset_image_paths
-from mmrobust.models.tokenizers import VQGAN
+from mmrobust.datasets import ImageCrops, ImageCropsDataset
+from mmrobust.engine import VQOptimWrapperConstructor
+from mmrobust.models.tokenizers import VQGAN, VQTokenizerTrainer
+from mmrobust.models.tokenizers.trainer import ema_update
 
-from conftest import REPO, TOKENIZER_CONFIGS, config_id, run_tool
+from conftest import REPO, TOKENIZER_CONFIGS, config_id, free_port, run_cmd, run_tool
 
 CONFIG = 'configs/tokenizers/vq-small-f16_toy-coco.py'
-SMALL = ['model.arch.ch=32', 'model.arch.n_embed=32', 'train.batch_size=2', 'train.crop_size=32',
-         'train.num_workers=0', 'train.eval_images=4', 'train.dead_code_interval=2',
-         'train.preview_interval=2', 'train.checkpoint_interval=2']
+# a small, fast version of the toy recipe: 32 codes, 32-px crops, 4 held-out images
+SMALL = ['model.tokenizer.arch.ch=32', 'model.tokenizer.arch.n_embed=32',
+         'model.dead_code_interval=2', 'train_dataloader.batch_size=2',
+         'train_dataloader.dataset.crop_size=32', 'train_dataloader.num_workers=0',
+         'train_dataloader.persistent_workers=False', 'val_dataloader.dataset.max_images=4',
+         'val_dataloader.dataset.crop_size=32', 'train_cfg.val_interval=2',
+         'default_hooks.checkpoint.interval=2', 'default_hooks.logger.interval=1']
+
+
+def _iters(n: int) -> list:
+    """--cfg-options for a run of n iterations with the cosine schedule over those n."""
+    return [f'train_cfg.max_iters={n}', f'param_scheduler.0.T_max={n}',
+            f'param_scheduler.0.end={n}']
+
+
+def _small_arch() -> dict:
+    cfg = Config.fromfile(str(REPO / CONFIG))
+    cfg.merge_from_dict({'model.tokenizer.arch.ch': 32, 'model.tokenizer.arch.n_embed': 32})
+    return cfg.model.tokenizer.arch
 
 
 @pytest.mark.slow
-def test_train_vq_runs_resumes_and_loads(toy_data, tmp_path):
-    work = tmp_path / 'vq'
-    run_tool('train_vq.py', CONFIG, '--work-dir', work, '--cfg-options', 'train.iters=4', *SMALL)
-    result = json.loads((work / 'eval.json').read_text())
+def test_train_vq_runs_resumes_like_an_uninterrupted_run_and_loads(toy_data, tmp_path):
+    """tools/train_vq.py (the README's command) trains through the Runner. 2 iterations and then
+    --resume to 4 give the tokenizer of 4 straight, bit for bit (the dead-code restarts at
+    iterations 2 and 4 included: they are seeded per iteration). tokenizer.pth and the Runner
+    checkpoints load into VQGAN strictly, and into the DAT hook through init_cfg."""
+    straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
+    proc = run_tool('train_vq.py', CONFIG, '--work-dir', straight, '--cfg-options', *SMALL,
+                    *_iters(4))
+    result = json.loads((straight / 'eval.json').read_text())
     assert result['iters'] == 4
     assert 1 <= result['used_codes'] <= 32 and 1 <= result['perplexity'] <= 32
-    assert {'psnr', 'psnr_mean_image', 'psnr_blur'} <= set(result)
-    assert (work / 'previews' / 'iter_000002.png').is_file()
-    assert (work / 'previews' / 'final.png').is_file()
-    log = [json.loads(line) for line in (work / 'log.jsonl').read_text().splitlines()]
-    assert [r['iter'] for r in log] == [2, 4] and 'window_perplexity' in log[0]
-    assert {'eval_psnr', 'eval_used_codes', 'eval_perplexity'} <= set(log[0])
+    assert {'psnr', 'psnr_mean_image', 'psnr_blur', 'seconds'} <= set(result)
+    assert (straight / 'previews' / 'iter_000002.png').is_file()
+    assert 'window_perplexity' in proc.stdout + proc.stderr and 'vq/psnr' in proc.stdout
 
-    run_tool('train_vq.py', CONFIG, '--work-dir', work, '--resume', '--cfg-options',
-             'train.iters=6', *SMALL)
-    assert json.loads((work / 'eval.json').read_text())['iters'] == 6
-    state = torch.load(work / 'latest_state.pth', weights_only=True)
-    assert state['iter'] == 6
-    cfg = Config.fromfile(str(REPO / CONFIG))
-    cfg.merge_from_dict({'model.arch.ch': 32, 'model.arch.n_embed': 32})  # as SMALL
-    model = VQGAN(cfg.model.arch, checkpoint=str(work / 'tokenizer.pth'))
-    assert torch.equal(model.quantize.embedding.weight, state['model']['quantize.embedding.weight'])
-    # a run without an EMA codebook cannot be resumed with one
-    proc = run_tool('train_vq.py', CONFIG, '--work-dir', work, '--resume', '--cfg-options',
-                    'train.iters=8', *SMALL, 'train.codebook_ema=0.99', check=False)
-    assert proc.returncode != 0 and 'trained without codebook_ema' in proc.stderr
+    run_tool('train.py', CONFIG, '--work-dir', resumed, '--cfg-options', *SMALL, *_iters(4),
+             'train_cfg.max_iters=2')
+    proc = run_tool('train_vq.py', CONFIG, '--work-dir', resumed, '--resume', '--cfg-options',
+                    *SMALL, *_iters(4))
+    assert 'resumed' in (proc.stdout + proc.stderr).lower()
+    a = torch.load(straight / 'tokenizer.pth', weights_only=True)
+    b = torch.load(resumed / 'tokenizer.pth', weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    from mmrobust.utils import safe_load
+    ckpt = safe_load(str(resumed / 'iter_4.pth'))
+    assert ckpt['meta']['iter'] == 4
+    model = VQGAN(_small_arch(), checkpoint=str(resumed / 'tokenizer.pth'))
+    from_runner = VQGAN(_small_arch(), checkpoint=str(resumed / 'iter_4.pth'))
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, from_runner.state_dict()[key])
+        assert torch.equal(value, ckpt['state_dict'][f'tokenizer.{key}'])
+    # what the DAT hook does with a tokenizer config: init_cfg, strictly, a Runner checkpoint
+    from mmrobust.engine import DATHook
+    hook = DATHook(tokenizer=dict(type='VQGAN', arch=_small_arch(), init_cfg=dict(
+        type='Pretrained', checkpoint=str(resumed / 'iter_4.pth'))))
+    tok = hook.build_tokenizer(torch.device('cpu'))
+    assert torch.equal(tok.quantize.embedding.weight, model.quantize.embedding.weight)
+
+
+@pytest.mark.slow
+def test_tokenizer_trains_on_two_processes_with_amp_gan_and_ema(toy_data, tmp_path):
+    """dist_train.sh (2 processes, gloo) with --amp, the PatchGAN term and the EMA codebook: the
+    separately wrapped generator and discriminator, and the EMA statistics summed over ranks."""
+    work = tmp_path / 'ddp'
+    proc = run_cmd(['bash', REPO / 'tools/dist_train.sh', CONFIG, '2', '--amp', '--work-dir', work,
+                    '--cfg-options', *SMALL, *_iters(2), 'model.gan_weight=0.1',
+                    'model.codebook_ema=0.99'], env={'PORT': str(free_port())})
+    log = proc.stdout + proc.stderr
+    assert 'Distributed training: True' in log and 'disc_loss' in log
+    assert 'CPUAmpOptimWrapper' in (work / 'vq-small-f16_toy-coco.py').read_text()
+    assert json.loads((work / 'eval.json').read_text())['iters'] == 2
+    # the parts were wrapped one by one; the checkpoint has the keys of a 1-process run
+    from mmrobust.utils import safe_load
+    keys = list(safe_load(str(work / 'iter_2.pth'))['state_dict'])
+    assert keys and not any('.module.' in k or k.startswith('module.') for k in keys)
+    assert any(k.startswith('loss.discriminator.') for k in keys)
+    VQGAN(_small_arch(), checkpoint=str(work / 'iter_2.pth'))
+
+
+def _trainer(**kwargs) -> VQTokenizerTrainer:
+    torch.manual_seed(0)
+    return VQTokenizerTrainer(dict(type='VQGAN', arch=_small_arch()), **kwargs)
+
+
+def _step(model, wrappers, it: int, images: torch.Tensor) -> dict:
+    MessageHub.get_current_instance().update_info('iter', it)
+    return model.train_step({'inputs': images}, wrappers)
+
+
+def test_generator_and_discriminator_optimizers_and_ema_codebook():
+    init_default_scope('mmdet')
+    model = _trainer(gan_weight=0.1, codebook_ema=0.9, dead_code_interval=0)
+    adam = dict(type='OptimWrapper', optimizer=dict(type='Adam', lr=1e-3))
+    wrappers = VQOptimWrapperConstructor(dict(generator=adam, discriminator=adam))(model)
+    assert isinstance(wrappers, OptimWrapperDict)
+    assert set(wrappers.keys()) == {'generator', 'discriminator'}
+    codebook = model.codebook
+    generator = {id(p) for g in wrappers['generator'].param_groups for p in g['params']}
+    assert id(codebook) not in generator and not codebook.requires_grad  # moved by its EMA
+    assert len(generator) == sum(1 for p in model.vqgan.parameters()) - 1
+    images = torch.rand(2, 3, 32, 32)
+    _step(model, wrappers, 0, images)
+    before_codes = codebook.detach().clone()
+    before_disc = [p.detach().clone() for p in model.state.discriminator.parameters()]
+    log = _step(model, wrappers, 1, images)
+    assert {'loss', 'vq_loss', 'gan_loss', 'disc_loss'} <= set(log)
+    assert not torch.equal(codebook, before_codes)  # the EMA moved the used codes
+    assert any(not torch.equal(a, b) for a, b in
+               zip(before_disc, model.state.discriminator.parameters()))
+    assert model.state.codebook_ready
+
+
+def test_ema_update_is_the_running_mean_of_assigned_latents():
+    torch.manual_seed(0)
+    codebook = torch.randn(4, 3)
+    size, embed_sum = torch.ones(4), codebook.clone()
+    flat = torch.randn(8, 3)
+    idx = torch.tensor([0, 0, 1, 2, 2, 2, 1, 0])
+    counts = torch.bincount(idx, minlength=4).float()
+    sums = torch.zeros(4, 3).index_add_(0, idx, flat)
+    before = codebook.clone()
+    ema_update(codebook, size, embed_sum, counts, sums, decay=0.9)
+    expected_size = 0.9 + 0.1 * counts
+    total = expected_size.sum()
+    expected_size = (expected_size + 1e-5) / (total + 4 * 1e-5) * total
+    torch.testing.assert_close(codebook, (0.9 * before + 0.1 * sums) / expected_size[:, None])
+
+
+def test_restarts_are_seeded_per_iteration():
+    model = _trainer(dead_code_interval=1)
+    images = torch.rand(2, 3, 32, 32)
+    model.restart_codes(torch.arange(4), images, it=7)
+    first = model.codebook[:4].detach().clone()
+    model.restart_codes(torch.arange(4), images, it=7)
+    assert torch.equal(first, model.codebook[:4])
 
 
 @pytest.mark.parametrize('path', TOKENIZER_CONFIGS, ids=config_id)
 def test_tokenizer_config_builds(path, toy_data, in_repo):
+    from mmengine.registry import DATASETS, MODELS
     cfg = Config.fromfile(path)
     assert cfg.custom_imports.imports == ['mmrobust']
-    assert set(cfg.train) <= set(DEFAULTS)
-    model = VQGAN(**{k: v for k, v in cfg.model.items() if k != 'type'})
-    assert cfg.train.crop_size % model.factor == 0
-    for loader in (cfg.data.train, cfg.data.val):
-        paths = dataset_image_paths(cfg.data.config, loader)
-        assert paths and all(osp.isfile(p) for p in paths[:3])
-    assert osp.isfile(REPO / cfg.data.config)
+    init_default_scope(cfg.default_scope)
+    model = MODELS.build(cfg.model)
+    assert isinstance(model, VQTokenizerTrainer)
+    for loader in ('train_dataloader', 'val_dataloader'):
+        dataset = DATASETS.build(cfg[loader].dataset)
+        assert isinstance(dataset, ImageCropsDataset) and len(dataset)
+        assert dataset[0]['inputs'].shape[-1] % model.vqgan.factor == 0
 
 
-def test_codebook_ema_is_the_running_mean_of_assigned_latents():
-    torch.manual_seed(0)
-    codebook = torch.randn(4, 3)
-    ema = CodebookEMA(codebook, decay=0.9)
-    z = torch.randn(2, 3, 2, 2)
-    codes = torch.tensor([[[0, 0], [1, 2]], [[2, 2], [1, 0]]])
-    before = codebook.clone()
-    ema.update(z, codes)
-    flat, idx = z.permute(0, 2, 3, 1).reshape(-1, 3), codes.flatten()
-    counts = torch.bincount(idx, minlength=4).float()
-    size = 0.9 + 0.1 * counts
-    total = size.sum()
-    size = (size + ema.eps) / (total + 4 * ema.eps) * total
-    sums = 0.9 * before + 0.1 * torch.stack([flat[idx == k].sum(0) for k in range(4)])
-    torch.testing.assert_close(codebook, sums / size[:, None])
-    # a code fed the same latent converges to it; an unused one stays where it was
-    target = torch.tensor([1.0, -2.0, 0.5])
-    for _ in range(300):
-        ema.update(target.view(1, 3, 1, 1), torch.zeros(1, 1, 1, dtype=torch.long))
-    torch.testing.assert_close(codebook[0], target, atol=1e-3, rtol=0)
-    ema.reset(torch.tensor([3]), torch.ones(1, 3))
-    assert torch.equal(codebook[3], torch.ones(3)) and ema.cluster_size[3] == 1
-    with pytest.raises(ValueError, match='codebook_ema'):
-        CodebookEMA(codebook, decay=1.0)
-
-
-@pytest.mark.slow
-def test_train_vq_with_batchnorm_and_ema_codebook_resumes(toy_data, tmp_path):
-    work = tmp_path / 'vq'
-    opts = [*SMALL, 'model.arch.norm=batch', 'train.codebook_ema=0.99']
-    run_tool('train_vq.py', CONFIG, '--work-dir', work, '--cfg-options', 'train.iters=2', *opts)
-    first = torch.load(work / 'latest_state.pth', weights_only=True)
-    assert set(first['codebook_ema']) == {'cluster_size', 'embed_sum'}
-    run_tool('train_vq.py', CONFIG, '--work-dir', work, '--resume', '--cfg-options',
-             'train.iters=4', *opts)
-    state = torch.load(work / 'latest_state.pth', weights_only=True)
-    assert state['iter'] == 4
-    assert not torch.equal(state['codebook_ema']['embed_sum'], first['codebook_ema']['embed_sum'])
-    # the EMA codebook is not an optimiser parameter: Adam holds states for the others only
-    buffers = sum(k.endswith(('running_mean', 'running_var', 'num_batches_tracked'))
-                  for k in state['model'])
-    assert len(state['optimizer']['state']) == len(state['model']) - buffers - 1
+def test_former_train_vq_configs_and_states_say_what_to_do(tmp_path, in_repo):
+    from mmrobust.apis import apply_train_args, build_runner
+    old = Config(dict(model=dict(type='VQGAN'), data=dict(config='x.py'), train=dict(iters=10)))
+    with pytest.raises(RuntimeError, match='train.iters -> train_cfg.max_iters'):
+        build_runner(old, ('train_dataloader', ))
+    cfg = Config.fromfile(CONFIG)
+    cfg.work_dir = str(tmp_path)
+    (tmp_path / 'latest_state.pth').write_bytes(b'')
+    with pytest.raises(RuntimeError, match='former train_vq loop'):
+        apply_train_args(cfg, 'auto', False, False)
 
 
 def test_image_crops_keep_the_image_scale(tmp_path):
@@ -124,14 +202,3 @@ def test_image_crops_keep_the_image_scale(tmp_path):
     assert 0 <= train[0].min() and train[0].max() <= 1
     with pytest.raises(ValueError, match='scale_range'):
         ImageCrops(paths, 32, train=True, scale_range=(1.0, 0.5))
-
-
-@pytest.mark.parametrize('key,value', [('recon_loss', 'l3'), ('lr_schedule', 'step'),
-                                       ('crop_size', 40), ('warmup', 10)])
-def test_bad_train_options_fail_before_any_work(key, value, toy_data, tmp_path, in_repo):
-    from mmrobust.apis.train_vq import train_vq
-    cfg = Config.fromfile(CONFIG)
-    cfg.train[key] = value
-    with pytest.raises((KeyError, ValueError), match=key):
-        train_vq(cfg, str(tmp_path / 'work'))
-    assert not (tmp_path / 'work' / 'tokenizer.pth').exists()

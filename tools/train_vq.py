@@ -1,47 +1,18 @@
 """Train a VQ tokenizer (Dr-ViT's stage 1, DAT's discretizer) on a dataset's images.
 
     python tools/train_vq.py configs/tokenizers/vq-small-f16_toy-coco.py [--work-dir DIR]
-                             [--resume] [--cfg-options train.iters=2000 ...]
+                             [--resume [CKPT]] [--amp] [--cfg-options train_cfg.max_iters=2000]
 
-Writes DIR/tokenizer.pth (a plain state dict for VQGAN(checkpoint=...)), DIR/latest_state.pth
-(for --resume), reconstruction previews in DIR/previews/, codebook usage in DIR/log.jsonl and
-the final PSNR / perplexity / used codes next to two trivial baselines in DIR/eval.json.
+The same as `python tools/train.py CONFIG ...`: the tokenizer trains with mmengine's Runner
+(mmrobust.models.VQTokenizerTrainer), so `tools/dist_train.sh`, `--amp` and `--resume` work as
+for any model. Writes DIR/tokenizer.pth (the VQGAN's plain state dict, what the DAT hook and
+Dr-ViT load), Runner checkpoints DIR/iter_<n>.pth (VQGAN loads them too), reconstruction
+previews in DIR/previews/, the held-out PSNR / perplexity / used codes in the log and, at the
+end, with two trivial baselines in DIR/eval.json.
 """
-import sys
+import runpy
 from pathlib import Path
 
-# the mmrobust of this checkout, not whichever one is installed
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from mmrobust.utils.origin import report_origin
-
-report_origin(__file__)
-
-import argparse
-import json
-import os.path as osp
-
-from mmengine.config import Config, DictAction
-
-from mmrobust.apis.train_vq import train_vq
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('config')
-    parser.add_argument('--work-dir', default=None)
-    parser.add_argument('--resume', action='store_true', help='continue from latest_state.pth')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
-    args = parser.parse_args()
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
-    import mmrobust  # noqa: F401  (registers VQGAN)
-    work_dir = args.work_dir or osp.join('work_dirs', osp.splitext(osp.basename(args.config))[0])
-    result = train_vq(cfg, work_dir, resume=args.resume)
-    print(json.dumps(result, indent=1))
-    print(f'tokenizer: {osp.join(work_dir, "tokenizer.pth")}')
-
-
 if __name__ == '__main__':
-    main()
+    # NOTE: one code path for every model: tools/train.py (which reports the checkout it runs)
+    runpy.run_path(str(Path(__file__).with_name('train.py')), run_name='__main__')

@@ -30,11 +30,14 @@ def load_tokenizer(spec: str, checkpoint: Optional[str] = None) -> nn.Module:
     elif osp.isfile(spec):
         from mmengine.config import Config
         cfg = Config.fromfile(spec)
-        if 'model' not in cfg or cfg.model.get('type') != 'VQGAN':
+        model_cfg = cfg.get('model') or {}
+        if model_cfg.get('type') == 'VQTokenizerTrainer':  # a tokenizer-training config
+            model_cfg = model_cfg['tokenizer']
+        if model_cfg.get('type') != 'VQGAN':
             raise ValueError(f'{spec} has no VQGAN `model`; pass a tokenizer config such as '
                              'configs/tokenizers/vq-small-f16_toy-coco.py or an arch name '
                              f'({", ".join(VQGAN_ARCHS)})')
-        kwargs = {k: v for k, v in cfg.model.items() if k != 'type'}
+        kwargs = {k: v for k, v in model_cfg.items() if k != 'type'}
         model = VQGAN(**kwargs)
         if checkpoint is None and kwargs.get('init_cfg'):
             model.init_weights()

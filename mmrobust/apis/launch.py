@@ -74,13 +74,18 @@ def apply_train_args(cfg: Config, resume: Optional[str], amp: bool,
                      auto_scale_lr: bool) -> Config:
     """`--resume [path]`, `--amp` and `--auto-scale-lr` as in mmdet's train.py."""
     if amp:
-        if cfg.optim_wrapper.get('type') in ('AmpOptimWrapper', 'CPUAmpOptimWrapper'):
-            warnings.warn('the config already uses mixed precision; --amp changes nothing')
-        elif torch.cuda.is_available():
-            cfg.optim_wrapper.type = 'AmpOptimWrapper'
-            cfg.optim_wrapper.loss_scale = 'dynamic'
-        else:
-            cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'  # bfloat16 autocast
+        # NOTE: one wrapper, or several (e.g. a tokenizer's generator and discriminator)
+        wrappers = [cfg.optim_wrapper] if 'optimizer' in cfg.optim_wrapper else [
+            w for w in cfg.optim_wrapper.values() if isinstance(w, dict) and 'optimizer' in w]
+        for wrapper in wrappers:
+            if wrapper.get('type') in ('AmpOptimWrapper', 'CPUAmpOptimWrapper'):
+                warnings.warn('the config already uses mixed precision; --amp changes nothing')
+            elif torch.cuda.is_available():
+                wrapper.type = 'AmpOptimWrapper'
+                wrapper.loss_scale = 'dynamic'
+            else:
+                wrapper.type = 'CPUAmpOptimWrapper'  # bfloat16 autocast
+        if wrappers and not torch.cuda.is_available():
             imports = cfg.setdefault('custom_imports', dict(imports=[])).setdefault('imports', [])
             if 'mmrobust' not in imports:
                 imports.append('mmrobust')
@@ -91,6 +96,12 @@ def apply_train_args(cfg: Config, resume: Optional[str], amp: bool,
                 '--auto-scale-lr needs `auto_scale_lr = dict(enable=False, base_batch_size=N)` in '
                 'the config, N being the total batch size its learning rate was tuned for.')
         cfg.auto_scale_lr.enable = True
+    if resume is not None and osp.isfile(osp.join(cfg.work_dir, 'latest_state.pth')) and \
+            not osp.isfile(osp.join(cfg.work_dir, 'last_checkpoint')):
+        raise RuntimeError(
+            f"{cfg.work_dir} holds a state of the former train_vq loop (latest_state.pth), which "
+            'the Runner cannot resume. Its tokenizer.pth still loads into VQGAN (e.g. as the '
+            "tokenizer's init_cfg checkpoint); to continue training, start a new work dir.")
     if resume == 'auto':
         cfg.resume, cfg.load_from = True, None
     elif resume is not None:
@@ -194,6 +205,22 @@ def _replace_sync_bn(obj) -> bool:
     return found
 
 
+def _check_not_an_old_tokenizer_config(cfg: Config) -> None:
+    """Tokenizer configs of the former hand-written train_vq loop (`data=`, `train=`) say how
+    to move to the Runner instead of failing on missing dataloaders."""
+    if 'train' in cfg and 'data' in cfg and 'train_dataloader' not in cfg:
+        raise RuntimeError(
+            'this is a tokenizer config for the former train_vq loop (`data=` and `train=`); '
+            'tokenizers now train with mmengine\'s Runner. Start from configs/tokenizers/'
+            'vq-small-f16_toy-coco.py: model=dict(type=\'VQTokenizerTrainer\', '
+            'tokenizer=<your model>, recon_loss, codebook_ema, gan_weight, dead_code_interval), '
+            'data.config -> the ImageCropsDataset `config` of train/val_dataloader, '
+            'train.iters -> train_cfg.max_iters, batch_size/crop_size/scale_range -> '
+            'train_dataloader, lr/betas -> optim_wrapper.generator.optimizer, '
+            'lr_schedule=cosine -> param_scheduler, preview_interval -> train_cfg.val_interval, '
+            'checkpoint_interval -> default_hooks.checkpoint.interval.')
+
+
 def build_runner(cfg: Config, loaders: tuple, allow_partial_load: bool = False) -> Runner:
     """Check the config, then build its runner with actionable registry errors.
 
@@ -206,6 +233,7 @@ def build_runner(cfg: Config, loaders: tuple, allow_partial_load: bool = False) 
         allow_partial_load: log checkpoint mismatches instead of stopping (the explicit opt-out).
     """
     from ..engine.hooks.strict_load import StrictLoadHook
+    _check_not_an_old_tokenizer_config(cfg)
     check_custom_imports(cfg)
     check_dataset_paths(cfg, list(loaders))
     setup_distributed(cfg)
@@ -231,12 +259,17 @@ def load_checkpoint_strict(model: torch.nn.Module, checkpoint: str,
     """
     from mmengine.runner.checkpoint import _load_checkpoint
 
-    from ..engine.hooks.strict_load import PARTIAL_LOAD_FLAG, checkpoint_state, loaded_module
+    from ..engine.hooks.strict_load import (
+        PARTIAL_LOAD_FLAG,
+        checkpoint_state,
+        loadable_state,
+        loaded_module,
+    )
     from ..models.utils import CheckpointMismatchError, mismatch_message, state_dict_mismatch
     raw = _load_checkpoint(checkpoint, map_location='cpu')
     state = checkpoint_state(raw, checkpoint)
     model = loaded_module(model)
-    problems = state_dict_mismatch(model.state_dict(), state)
+    problems = state_dict_mismatch(loadable_state(model), state)
     if any(problems):
         message = mismatch_message(f'{checkpoint} does not match {type(model).__name__}:',
                                    *problems)
@@ -246,7 +279,7 @@ def load_checkpoint_strict(model: torch.nn.Module, checkpoint: str,
                 '(allow_partial_load=True) for an intended partial load.')
         print_log(f'PARTIAL LOAD: {message}; the rest keeps its initialisation',
                   logger='current', level=logging.WARNING)
-        own = model.state_dict()
+        own = loadable_state(model)
         state = {k: v for k, v in state.items() if k in own and v.shape == own[k].shape}
     model.load_state_dict(state, strict=False)
     return raw

@@ -1,4 +1,4 @@
-from .image_crops import ImageCrops, dataset_image_paths
+from .image_crops import ImageCrops, ImageCropsDataset, dataset_image_paths
 from .toy_data import (
     CITYSCAPES_CLASSES,
     CITYSCAPES_PALETTE,
@@ -10,6 +10,7 @@ from .toy_data import (
 )
 from .transforms import Corrupt
 
-__all__ = ['Corrupt', 'CITYSCAPES_CLASSES', 'CITYSCAPES_PALETTE', 'ImageCrops', 'TOY_COCO_CLASSES',
+__all__ = ['Corrupt', 'CITYSCAPES_CLASSES', 'CITYSCAPES_PALETTE', 'ImageCrops', 'ImageCropsDataset',
+           'TOY_COCO_CLASSES',
            'TOY_DATASETS', 'dataset_image_paths', 'generate_toy_dataset', 'make_toy_cityscapes',
            'make_toy_coco']

@@ -4,16 +4,17 @@
 reading labels; :class:`ImageCrops` serves square crops of them at the scale models see them.
 """
 import random
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import cv2
 import numpy as np
 import torch
 from mmengine.config import Config
 
+from ..registry import DATASETS
 from ..utils.config_checks import check_dataset_paths, config_scope
 
-__all__ = ['ImageCrops', 'dataset_image_paths']
+__all__ = ['ImageCrops', 'ImageCropsDataset', 'dataset_image_paths']
 
 
 class ImageCrops(torch.utils.data.Dataset):
@@ -66,16 +67,43 @@ class ImageCrops(torch.utils.data.Dataset):
 
 def dataset_image_paths(config: str, loader: str) -> List[str]:
     """Paths of the images of ``loader``'s dataset in an mmdet/mmseg config (no labels read)."""
-    from mmengine.registry import init_default_scope
+    from mmengine.registry import DefaultScope
 
     import mmrobust  # noqa: F401  (registers mmrobust's datasets and transforms)
     cfg = Config.fromfile(config)
     scope = config_scope(cfg)
     check_dataset_paths(cfg, [loader])
-    init_default_scope(scope)
     registry = __import__(f'{scope}.registry', fromlist=['DATASETS']).DATASETS
     dataset_cfg = cfg[loader]['dataset']
     dataset_cfg = dict(dataset_cfg, pipeline=[])
     dataset_cfg.pop('filter_cfg', None)
-    dataset = registry.build(dataset_cfg)
+    # NOTE: the dataset config's scope for this build only: a Runner building a tokenizer
+    # trainer from another config keeps its own
+    with DefaultScope.overwrite_default_scope(scope):
+        dataset = registry.build(dataset_cfg)
     return [dataset.get_data_info(i)['img_path'] for i in range(len(dataset))]
+
+
+@DATASETS.register_module()
+class ImageCropsDataset(ImageCrops):
+    """:class:`ImageCrops` of the images of another config's dataset, as an mmengine dataset
+    (items ``dict(inputs=image)``) for tokenizer training with the Runner.
+
+    Args:
+        config: an mmdet / mmseg config whose dataset supplies the images (labels unread).
+        loader: which of its dataloaders (``'train_dataloader'``, ``'val_dataloader'``...).
+        crop_size: side of the square crops.
+        train: random crops (scale, position, flip) or central evaluation crops.
+        scale_range: crop scale relative to the files' size.
+        max_images: the first N images only (e.g. a fixed held-out set).
+    """
+
+    def __init__(self, config: str, loader: str, crop_size: int, train: bool = True,
+                 scale_range: Sequence[float] = (0.5, 1.0), max_images: Optional[int] = None
+                 ) -> None:
+        paths = dataset_image_paths(config, loader)
+        super().__init__(paths[:max_images], crop_size, train, scale_range)
+        self.metainfo = {'source': f'{config}:{loader}'}
+
+    def __getitem__(self, index: int) -> dict:
+        return {'inputs': super().__getitem__(index)}

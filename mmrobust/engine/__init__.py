@@ -1,4 +1,5 @@
-from .hooks import DATHook, StrictLoadHook
-from .optim_wrapper import CPUAmpOptimWrapper
+from .hooks import DATHook, StrictLoadHook, TokenizerExportHook
+from .optim_wrapper import CPUAmpOptimWrapper, VQOptimWrapperConstructor
 
-__all__ = ['CPUAmpOptimWrapper', 'DATHook', 'StrictLoadHook']
+__all__ = ['CPUAmpOptimWrapper', 'DATHook', 'StrictLoadHook', 'TokenizerExportHook',
+           'VQOptimWrapperConstructor']

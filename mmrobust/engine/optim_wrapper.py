@@ -1,4 +1,4 @@
-"""Mixed precision on CPUs.
+"""Optimizer wrappers: mixed precision on CPUs, and the tokenizer trainer's two optimizers.
 
 mmengine's `AmpOptimWrapper` refuses to run without a GPU, so `--amp` would be unusable on the
 CPU machines mmrobust's toy configs target. CPU autocast supports bfloat16, which has float32's
@@ -11,9 +11,9 @@ from typing import Iterator, Optional
 import torch
 import torch.nn as nn
 from mmengine.logging import print_log
-from mmengine.optim import OptimWrapper
+from mmengine.optim import DefaultOptimWrapperConstructor, OptimWrapper, OptimWrapperDict
 
-from mmrobust.registry import OPTIM_WRAPPERS
+from mmrobust.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS
 
 from ..utils.device import cpu_has_native_bf16
 
@@ -40,3 +40,36 @@ class CPUAmpOptimWrapper(OptimWrapper):
     def optim_context(self, model: nn.Module) -> Iterator[None]:
         with super().optim_context(model), torch.autocast('cpu', dtype=torch.bfloat16):
             yield
+
+
+@OPTIM_WRAPPER_CONSTRUCTORS.register_module()
+class VQOptimWrapperConstructor:
+    """Builds ``OptimWrapperDict(generator=..., discriminator=...)`` for
+    :class:`VQTokenizerTrainer` from an ``optim_wrapper`` config with one entry per part (the
+    discriminator entry is used only when the model has one)."""
+
+    def __init__(self, optim_wrapper_cfg: dict, paramwise_cfg: Optional[dict] = None) -> None:
+        if paramwise_cfg:
+            raise ValueError('VQOptimWrapperConstructor: give paramwise_cfg inside the '
+                             'generator / discriminator entries')
+        unknown = set(optim_wrapper_cfg) - {'generator', 'discriminator'}
+        if 'generator' not in optim_wrapper_cfg or unknown:
+            raise KeyError('VQOptimWrapperConstructor needs optim_wrapper = dict(constructor=..., '
+                           'generator=dict(type=..., optimizer=...), [discriminator=...]); got '
+                           f'keys {sorted(optim_wrapper_cfg)}')
+        self.cfg = optim_wrapper_cfg
+
+    def __call__(self, model: nn.Module) -> OptimWrapperDict:
+        from ..models.tokenizers.trainer import unwrap
+        model = unwrap(model)
+        holder = nn.Module()
+        # NOTE: the EMA codebook is updated by its averages, not by the optimizer
+        holder.params = nn.ParameterList(model.generator_parameters())
+        wrappers = {'generator': DefaultOptimWrapperConstructor(
+            dict(self.cfg['generator']))(holder)}
+        if model.state.discriminator is not None:
+            if 'discriminator' not in self.cfg:
+                raise KeyError('gan_weight > 0 needs optim_wrapper.discriminator')
+            wrappers['discriminator'] = DefaultOptimWrapperConstructor(
+                dict(self.cfg['discriminator']))(model.state.discriminator)
+        return OptimWrapperDict(**wrappers)

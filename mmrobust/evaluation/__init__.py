@@ -10,7 +10,8 @@ from .robustness import (
     report_dir,
     results_lock,
 )
+from .vq_metric import VQReconstructionMetric
 
 __all__ = ['CLEAN', 'PipelineError', 'ResultsMismatchError', 'RobustnessResults',
            'cell_dataloader', 'evaluate_robustness', 'find_loading_step', 'report_dir',
-           'results_lock', 'robustness_summary']
+           'results_lock', 'robustness_summary', 'VQReconstructionMetric']

@@ -1,4 +1,5 @@
 from .dat import DATHook
 from .strict_load import StrictLoadHook
+from .tokenizer_export import TokenizerExportHook
 
-__all__ = ['DATHook', 'StrictLoadHook']
+__all__ = ['DATHook', 'StrictLoadHook', 'TokenizerExportHook']

@@ -52,6 +52,21 @@ def loaded_module(model):
     return model.module if isinstance(model, BaseTTAModel) else model
 
 
+def loadable_state(module, prefix: str = '') -> Dict:
+    """The state dict as mmengine's ``load_state_dict`` matches it: wrappers (DDP, TTA) are
+    unwrapped at every depth, so a submodule that ``MMSeparateDistributedDataParallel`` wrapped
+    keeps its own key names (``tokenizer.encoder...``, not ``tokenizer.module.encoder...``)."""
+    if is_model_wrapper(module) or isinstance(module, BaseTTAModel):
+        module = module.module
+    state = {prefix + n: p for n, p in module._parameters.items() if p is not None}
+    state.update({prefix + n: b for n, b in module._buffers.items()
+                  if b is not None and n not in module._non_persistent_buffers_set})
+    for name, child in module._modules.items():
+        if child is not None:
+            state.update(loadable_state(child, f'{prefix}{name}.'))
+    return state
+
+
 @HOOKS.register_module()
 class StrictLoadHook(Hook):
     """Stop a Runner's checkpoint load when keys are missing, unexpected or mis-shaped.
@@ -69,7 +84,7 @@ class StrictLoadHook(Hook):
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         model = loaded_module(runner.model)
         state = checkpoint_state(checkpoint)
-        missing, unexpected, shapes = state_dict_mismatch(model.state_dict(), state)
+        missing, unexpected, shapes = state_dict_mismatch(loadable_state(model), state)
         if not (missing or unexpected or shapes):
             runner.logger.info(f'checkpoint matches {type(model).__name__}: all {len(state)} '
                                'tensors (strict load)')

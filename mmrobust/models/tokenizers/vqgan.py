@@ -391,11 +391,13 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: Optional[VQ
                          ) -> Dict[str, torch.Tensor]:
     """The tokenizer's weights of an official taming / latent-diffusion checkpoint.
 
-    Keeps the encoder, decoder, quantiser and the two 1x1 convs (a ``model.`` or ``module.``
-    wrapper prefix is removed); drops ``loss.*`` and anything else. The key names are the
-    model's own, so nothing is renamed.
+    Keeps the encoder, decoder, quantiser and the two 1x1 convs (a ``model.``, ``module.`` or
+    ``tokenizer.`` wrapper prefix is removed: the last is mmrobust's Runner checkpoints of
+    :class:`VQTokenizerTrainer`); drops ``loss.*`` (taming's LPIPS and discriminator, the
+    trainer's discriminator and statistics) and anything else. The key names are the model's
+    own, so nothing is renamed.
     """
-    for wrapper in ('model.', 'module.', 'first_stage_model.'):
+    for wrapper in ('model.', 'module.', 'first_stage_model.', 'tokenizer.'):
         if state_dict and all(k.startswith(wrapper) for k in state_dict
                               if not k.startswith('loss.')):
             state_dict = {k[len(wrapper):] if k.startswith(wrapper) else k: v
