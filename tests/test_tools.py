@@ -253,11 +253,18 @@ def test_gpu_check_script_commands_exist():
                    env={'DRY_RUN': '1', 'ITERS': '3'})
     commands = [line[2:].split() for line in proc.stdout.splitlines() if line.startswith('+ ')]
     assert len(commands) == 5
+    from mmengine.config import Config
     for words in commands:
         for word in words[1:]:
             if word.endswith('.py') and '=' not in word:
                 assert (REPO / word).is_file(), word
-    assert '--amp' in commands[2] and '--amp' in commands[3]
+        if '--cfg-options' in words:  # every option names a setting the config has
+            cfg = Config.fromfile(str(REPO / words[2])).to_dict()
+            for option in words[words.index('--cfg-options') + 1:]:
+                node = cfg
+                for part in option.split('=')[0].split('.'):
+                    node = node[int(part)] if isinstance(node, list) else node[part]
+    assert all('--amp' in commands[i] for i in (1, 2, 3))
     assert 'custom_hooks.0.tokenizer.init_cfg.checkpoint=work_dirs/x/tokenizer/tokenizer.pth' \
         in commands[3]
     assert 'work_dirs/x/fan-t/iter_3.pth' in commands[4]

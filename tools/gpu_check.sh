@@ -2,7 +2,7 @@
 # A smoke check for one GPU after `bash tools/setup_env.sh`: each step runs a few iterations on
 # the toy data and prints its time per step, so a broken CUDA build, a device or AMP problem
 # shows up in minutes instead of in the first hour of a cluster job.
-#   1. the toy tokenizer (tools/train_vq.py), whose result step 3 loads;
+#   1. the toy tokenizer (tools/train_vq.py), --amp; its result is step 3's tokenizer;
 #   2. the toy FAN-T-Hybrid Mask R-CNN, --amp (fp16 with loss scaling);
 #   3. the same with DAT (attack pass, two VQ round trips per step), --amp;
 #   4. a 2-cell robustness evaluation (clean + fog 3 + gaussian_noise 3) of step 2's checkpoint.
@@ -39,9 +39,9 @@ if [ -z "${DRY_RUN:-}" ] && [ -z "${ON_CPU:-}" ]; then
     torch.__version__, "CUDA", torch.version.cuda)'
 fi
 run "$PYTHON" data/generate_toy_data.py --only toy_coco toy_cityscapes
-run "$PYTHON" tools/train_vq.py configs/tokenizers/vq-small-f16_toy-coco.py \
-  --work-dir "$WORK/tokenizer" --cfg-options train.iters="$ITERS" train.checkpoint_interval="$ITERS" \
-  train.preview_interval="$ITERS"
+run "$PYTHON" tools/train_vq.py configs/tokenizers/vq-small-f16_toy-coco.py "${AMP[@]}" \
+  --work-dir "$WORK/tokenizer" --cfg-options "${SHORT[@]}" train_cfg.val_interval="$ITERS" \
+  param_scheduler.0.T_max="$ITERS" param_scheduler.0.end="$ITERS"
 run "$PYTHON" tools/train.py "$DET" "${AMP[@]}" --work-dir "$WORK/fan-t" --cfg-options "${SHORT[@]}"
 run "$PYTHON" tools/train.py "$DET_DAT" "${AMP[@]}" --work-dir "$WORK/fan-t_dat" --cfg-options \
   "${SHORT[@]}" custom_hooks.0.tokenizer.init_cfg.checkpoint="$WORK/tokenizer/tokenizer.pth"
@@ -58,8 +58,8 @@ print(f"\ngpu_check summary ({work})\n  tokenizer: {vq['seconds'] / vq['iters']:
       f"({vq['iters']} iters, PSNR {vq['psnr']:.1f} dB)")
 for name in ('fan-t', 'fan-t_dat'):
     log = sorted(glob.glob(f'{work}/{name}/*/vis_data/scalars.json'))[-1]
-    times = [r['time'] for r in map(json.loads, open(log)) if 'time' in r][2:]  # warm-up out
-    times = times or [r['time'] for r in map(json.loads, open(log)) if 'time' in r]
+    steps = [r['time'] for r in map(json.loads, open(log)) if 'loss' in r]  # training only
+    times = steps[2:] or steps  # the first two steps warm up
     print(f'  {name}: {statistics.median(times):.3f} s/iter (median of {len(times)})')
 timing = json.load(open(f'{work}/robustness.json'))['timing']
 for corruption, cells in timing.items():
