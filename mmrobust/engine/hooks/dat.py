@@ -131,7 +131,9 @@ class DATHook(Hook):
         channel_order: of the preprocessed batch; ``'auto'`` reads the preprocessor's flip.
         pixel_max: the raw pixel range the preprocessor's mean/std refer to.
         log_interval: iterations between attack statistics in the message hub; they appear in
-            the training log as ``dat_loss`` (the loss at x̂), ``dat_delta`` (‖δ‖₂),
+            the training log as ``dat_loss`` (the loss at x̂; absent with ``alpha=0``),
+            ``dat_delta`` (‖δ‖₂),
+            ``dat_random_start`` (1 when the batch took a random start),
             ``dat_codes_changed`` (fraction of x_adv's codes that differ from x's; with
             ``requantize='reconstruction'`` this includes the tokenizer's own drift when it
             re-encodes its reconstruction, Q(x̂) ≠ x̂'s codes) and ``dat_adv_l1``
