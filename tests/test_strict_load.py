@@ -38,13 +38,17 @@ def fake_runner(model: nn.Module) -> SimpleNamespace:
     return SimpleNamespace(model=model, logger=MMLogger.get_current_instance())
 
 
-def test_hook_passes_a_matching_checkpoint_with_ddp_prefixes():
+def test_hook_passes_a_matching_checkpoint_with_ddp_prefixes(caplog):
     model = Net()
     state = {f'module.{k}': v for k, v in model.state_dict().items()}
-    StrictLoadHook().after_load_checkpoint(fake_runner(model), {'state_dict': state})
-    # the TTA wrapper loads into its module, as mmengine does
-    StrictLoadHook().after_load_checkpoint(fake_runner(TTA(module=Net())),
-                                           {'state_dict': model.state_dict()})
+    runner = fake_runner(model)
+    runner.logger = logging.getLogger('strict-load-match')
+    with caplog.at_level(logging.INFO, logger='strict-load-match'):
+        StrictLoadHook().after_load_checkpoint(runner, {'state_dict': state})
+        # the TTA wrapper loads into its module, as mmengine does
+        runner.model = TTA(module=Net())
+        StrictLoadHook().after_load_checkpoint(runner, {'state_dict': model.state_dict()})
+    assert caplog.text.count(f'checkpoint matches Net: all {len(state)} tensors') == 2
 
 
 def test_hook_stops_with_the_lists():
