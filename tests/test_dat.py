@@ -1,6 +1,8 @@
 """Discrete Adversarial Training (mmrobust.engine.DATHook) on toy detectors and segmentors."""
 import copy
+import random
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -52,6 +54,9 @@ def toy_model(path: str, model_options: dict = None, batch_size: int = 2, seed: 
     if model_options:
         cfg.merge_from_dict(model_options)
     init_default_scope(cfg.default_scope)
+    # NOTE: the batch's random crops and flips come from numpy's and random's global state
+    np.random.seed(seed)
+    random.seed(seed)
     torch.manual_seed(seed)
     model = MODELS.build(cfg.model)
     model.init_weights()
@@ -153,7 +158,11 @@ def test_adversarial_batch_raises_the_loss(norm, alpha, toy_data):
 
 def test_gradients_equal_a_hand_written_dat_step(toy_data):
     no_dropout = {'model.backbone.drop_path_rate': 0.0, 'model.decode_head.dropout_ratio': 0.0}
-    model, batch = toy_model(SEG_PLAIN, no_dropout)
+    model, batch = toy_model(SEG_PLAIN, no_dropout, seed=1)
+    # NOTE: a batch without padding: SegFormer's first LayerNorm sees zero-variance tokens in a
+    # padded area, which scales float rounding up to 1e5-size gradients of the first conv's bias
+    # (the plain step too), and the comparison below would test rounding, not the algorithm
+    assert all(t.shape[-2:] == (256, 256) for t in batch['inputs'])
     reference = copy.deepcopy(model)
     tok = small_tokenizer()
 

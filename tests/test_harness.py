@@ -1,0 +1,117 @@
+"""The suite's own harness (tests/conftest.py): a hung test is reported with the stacks of every
+thread within its limit, the limits are the ones set in one place, and a test that leaves a
+process running fails, naming it, and the process is killed.
+
+The misbehaving tests below run only inside a pytest of their own, started by the tests that
+check what the harness makes of them (`MMROBUST_HARNESS_SELFTEST` names the one to run).
+"""
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import (
+    REPO,
+    SLOW_LIMIT,
+    TRAINING_FIXTURE_LIMIT,
+    descendants,
+    effective_limit,
+    time_limit,
+)
+
+SELFTEST = os.environ.get('MMROBUST_HARNESS_SELFTEST', '')
+
+
+def _only(name: str):
+    return pytest.mark.skipif(SELFTEST != name, reason='a misbehaving test for the harness '
+                              'tests; run in its own pytest with MMROBUST_HARNESS_SELFTEST='
+                              f'{name}')
+
+
+@_only('hang')
+def test_sleeps_forever():
+    threading.Thread(target=time.sleep, args=(10**6, ), name='helper-that-sleeps',
+                     daemon=True).start()
+    time.sleep(10**6)
+
+
+@_only('leak')
+def test_leaves_a_process_running():
+    subprocess.Popen(['sleep', '600'])
+
+
+@_only('orphan')
+def test_leaves_an_orphan_running():
+    # the shell ends at once; its background child is re-parented (to the pytest process)
+    subprocess.run(['sh', '-c', 'sleep 600 & exit 0'], check=True)
+
+
+def _selftest(name: str, *pytest_args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, 'MMROBUST_HARNESS_SELFTEST': name, 'PYTHONPATH': str(REPO),
+           'MMROBUST_LEFTOVER_GRACE_S': '1'}
+    return subprocess.run([sys.executable, '-m', 'pytest', '-p', 'no:cacheprovider', '-q',
+                           '-p', 'no:xdist', *pytest_args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_hang_is_reported_with_the_stacks_of_every_thread():
+    start = time.monotonic()
+    proc = _selftest('hang', 'tests/test_harness.py::test_sleeps_forever', '--timeout', '3')
+    took = time.monotonic() - start
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert 'Failed: Timeout (>3.0s) from pytest-timeout' in out, out
+    assert 'FAILED tests/test_harness.py::test_sleeps_forever' in out, out
+    # the other thread's stack and the test's own frame
+    assert 'Stack of helper-that-sleeps' in out and 'time.sleep(10**6)' in out, out
+    assert took < 60, f'the hang was reported after {took:.0f} s'
+
+
+@pytest.mark.parametrize('name,test', [('leak', 'test_leaves_a_process_running'),
+                                       ('orphan', 'test_leaves_an_orphan_running')])
+def test_a_process_left_running_fails_the_test_and_is_killed(name, test):
+    before = set(descendants(os.getpid()))
+    proc = _selftest(name, f'tests/test_harness.py::{test}')
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert f'ERROR tests/test_harness.py::{test}' in out, out
+    assert 'left 1 process(es) running (killed now)' in out and 'sleep 600' in out, out
+    # the pytest that ran it has ended and nothing of it is left (no `sleep 600` of ours)
+    left = {p: c for p, c in descendants(os.getpid()).items() if p not in before}
+    # (an orphan of the inner pytest would have come up to this process, a subreaper too)
+    assert not left, left
+
+
+def test_a_quick_test_gets_the_default_limit(request):
+    assert time_limit(request.node) is None
+    assert effective_limit(request.node) == float(request.config.getini('timeout')) == 300
+
+
+@pytest.mark.slow
+def test_a_slow_test_gets_the_slow_limit(request):
+    assert effective_limit(request.node) == SLOW_LIMIT > 600  # above run_cmd's own net
+
+
+class _Item:
+    """What `time_limit` reads of a test item."""
+
+    def __init__(self, fixturenames=(), markers=()):
+        self.fixturenames = list(fixturenames)
+        self._markers = {m: getattr(pytest.mark, m).mark for m in markers}
+
+    def get_closest_marker(self, name):
+        return self._markers.get(name)
+
+
+def test_the_first_user_of_the_trained_detector_gets_the_training_limit(monkeypatch):
+    import conftest
+    monkeypatch.setattr(conftest, '_STARTED', set())
+    user = _Item(['trained_toy_detector', 'tmp_path'], ['slow'])
+    assert time_limit(user) == TRAINING_FIXTURE_LIMIT > 2400
+    conftest._STARTED.add('trained_toy_detector')
+    assert time_limit(user) == SLOW_LIMIT
+    assert time_limit(_Item(['tmp_path'])) is None
+    assert time_limit(_Item(['tmp_path'], ['slow', 'timeout'])) is None  # its own marker wins
