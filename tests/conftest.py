@@ -119,13 +119,14 @@ def trained_toy_detector(toy_data, tmp_path_factory) -> Path:
     return work
 
 
-def pytest_collection_modifyitems(config, items) -> None:
+def pytest_itemcollected(item) -> None:
     """A test that needs the trained demo detector is an end-to-end test: the `slow` tier; its
     tests run in one pytest-xdist worker (`--dist loadgroup`), which trains the detector once."""
-    for item in items:
-        if 'trained_toy_detector' in getattr(item, 'fixturenames', ()):
-            item.add_marker(pytest.mark.slow)
-            item.add_marker(pytest.mark.xdist_group('trained_toy_detector'))
+    # NOTE: here rather than in pytest_collection_modifyitems, where pytest-xdist may read the
+    # group before this conftest adds it
+    if 'trained_toy_detector' in getattr(item, 'fixturenames', ()):
+        item.add_marker(pytest.mark.slow)
+        item.add_marker(pytest.mark.xdist_group('trained_toy_detector'))
 
 
 # -- time limits ----------------------------------------------------------------------------------
@@ -141,7 +142,7 @@ TRAINING_FIXTURE_LIMIT = 2700
 # A test stuck in C code (a collective, a lock taken without a timeout) never returns to Python,
 # where the signal is handled: this long after its limit a watchdog thread prints every stack and
 # ends the process (pytest-xdist reports the crashed test and starts a new worker).
-WATCHDOG_GRACE = 60
+WATCHDOG_GRACE = float(os.environ.get('MMROBUST_WATCHDOG_GRACE_S', 60))
 _STARTED: set = set()  # session fixtures that have been built (or failed to) in this process
 
 
@@ -210,6 +211,10 @@ if sys.platform.startswith('linux'):
         pass
 
 
+# helpers that multiprocessing starts once per interpreter and keeps by design (not a leak)
+_PROCESS_SINGLETONS = ('multiprocessing.resource_tracker', 'multiprocessing.forkserver')
+
+
 def descendants(pid: int) -> Dict[int, str]:
     """The live (not zombie) descendants of `pid`: pid -> command line, read from /proc."""
     if not os.path.isdir('/proc'):
@@ -254,9 +259,13 @@ def _reap(pids) -> None:
 def no_leftover_processes(request):
     """Fail a test that leaves a process running (its own, a pool's, an orphaned one), naming
     them; they are killed, so that the next test starts clean."""
+    def new_processes() -> Dict[int, str]:
+        return {p: c for p, c in descendants(os.getpid()).items()
+                if p not in before and not any(s in c for s in _PROCESS_SINGLETONS)}
+
     before = set(descendants(os.getpid()))
     yield
-    left = {p: c for p, c in descendants(os.getpid()).items() if p not in before}
+    left = new_processes()
     if not left:
         return
     gc.collect()  # NOTE: a pool or a dataloader that is only unreferenced ends its workers here
@@ -264,7 +273,7 @@ def no_leftover_processes(request):
     deadline = time.monotonic() + float(os.environ.get('MMROBUST_LEFTOVER_GRACE_S', 10))
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
-        left = {p: c for p, c in descendants(os.getpid()).items() if p not in before}
+        left = new_processes()
     if not left:
         return
     for pid in left:

@@ -6,6 +6,7 @@ The misbehaving tests below run only inside a pytest of their own, started by th
 check what the harness makes of them (`MMROBUST_HARNESS_SELFTEST` names the one to run).
 """
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -38,6 +39,13 @@ def test_sleeps_forever():
     time.sleep(10**6)
 
 
+@_only('stuck')
+def test_stuck_where_the_limit_cannot_reach():
+    # as a call into C that never returns to Python: the limit's signal is never handled here
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    time.sleep(10**6)
+
+
 @_only('leak')
 def test_leaves_a_process_running():
     subprocess.Popen(['sleep', '600'])
@@ -49,9 +57,10 @@ def test_leaves_an_orphan_running():
     subprocess.run(['sh', '-c', 'sleep 600 & exit 0'], check=True)
 
 
-def _selftest(name: str, *pytest_args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _selftest(name: str, *pytest_args: str, timeout: float = 120,
+              env: dict = None) -> subprocess.CompletedProcess:
     env = {**os.environ, 'MMROBUST_HARNESS_SELFTEST': name, 'PYTHONPATH': str(REPO),
-           'MMROBUST_LEFTOVER_GRACE_S': '1'}
+           'MMROBUST_LEFTOVER_GRACE_S': '1', **(env or {})}
     return subprocess.run([sys.executable, '-m', 'pytest', '-p', 'no:cacheprovider', '-q',
                            '-p', 'no:xdist', *pytest_args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -68,6 +77,18 @@ def test_a_hang_is_reported_with_the_stacks_of_every_thread():
     # the other thread's stack and the test's own frame
     assert 'Stack of helper-that-sleeps' in out and 'time.sleep(10**6)' in out, out
     assert took < 60, f'the hang was reported after {took:.0f} s'
+
+
+def test_a_test_stuck_outside_python_is_ended_by_the_watchdog_with_every_stack():
+    start = time.monotonic()
+    proc = _selftest('stuck', 'tests/test_harness.py::test_stuck_where_the_limit_cannot_reach',
+                     '--timeout', '2', env={'MMROBUST_WATCHDOG_GRACE_S': '2'})
+    took = time.monotonic() - start
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert ('tests/test_harness.py::test_stuck_where_the_limit_cannot_reach: still running 4 s '
+            'after its start') in proc.stderr, proc.stderr
+    assert 'in test_stuck_where_the_limit_cannot_reach' in proc.stderr  # the main thread's stack
+    assert took < 60
 
 
 @pytest.mark.parametrize('name,test', [('leak', 'test_leaves_a_process_running'),
