@@ -12,10 +12,12 @@ from mmengine.config import Config
 
 from mmrobust.corruptions import UnknownCorruptionError, get_protocol, resolve_protocol
 from mmrobust.evaluation import (
+    COCO_BACKENDS,
     PipelineError,
     ResultsMismatchError,
     RobustnessResults,
     cell_dataloader,
+    coco_backend,
     find_loading_step,
     robustness_summary,
 )
@@ -156,6 +158,9 @@ def test_detector_on_the_fly_stored_resume_and_report(toy_data, trained_toy_dete
     assert clean['coco/bbox_mAP'] > 0.08 and clean['coco/segm_mAP'] > 0.08
     assert data['cells']['fog']['4']['coco/bbox_mAP'] < clean['coco/bbox_mAP']
     assert data['timing']['fog']['4']['data_wait_s'] >= 0
+    # the COCO library of robustness runs, recorded per cell and for the run
+    faster = coco_backend('faster-coco-eval').label
+    assert data['coco_backend'] == data['timing']['fog']['4']['metric_backend'] == faster
     assert sorted(p.name for p in (tmp_path / 'pred_fly').iterdir()) == [
         'clean_0.pkl', 'fog_1.pkl', 'fog_4.pkl', 'gaussian_noise_1.pkl', 'gaussian_noise_4.pkl']
 
@@ -333,6 +338,10 @@ def test_errors_name_the_valid_choices(tmp_path):
     proc = run_tool('test_robustness.py', DET_CFG, tmp_path / 'x.pth', '--corruptions',
                     'blurry', check=False)
     assert proc.returncode != 0 and 'Valid corruptions: gaussian_noise' in proc.stderr
+    proc = run_tool('test_robustness.py', DET_CFG, tmp_path / 'x.pth', '--coco-backend', 'fast',
+                    check=False)
+    assert proc.returncode == 2 and "invalid choice: 'fast'" in proc.stderr
+    assert all(name in proc.stderr for name in COCO_BACKENDS)
     # the same functions stop the tool (in-process: no need for two more start-ups)
     with pytest.raises(UnknownCorruptionError, match='Valid protocols: benchmark'):
         resolve_protocol('coco-c', None, None)

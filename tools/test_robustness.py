@@ -36,6 +36,7 @@ from mmrobust.apis import (
 )
 from mmrobust.corruptions import resolve_protocol
 from mmrobust.evaluation import evaluate_robustness, report_dir, results_lock
+from mmrobust.evaluation.coco_metric import COCO_BACKENDS, DEFAULT_ROBUSTNESS_BACKEND
 from mmrobust.evaluation.report import plot, summary_markdown, write_csv
 from mmrobust.utils import explain_registry_errors
 
@@ -65,6 +66,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--save-predictions', default=None, metavar='DIR',
                         help='also dump raw predictions, one DIR/<corruption>_<severity>.pkl '
                              'per cell')
+    parser.add_argument('--coco-backend', default=None, choices=sorted(COCO_BACKENDS),
+                        help='COCO evaluation library of the COCO metrics (default: the '
+                             f"metric's own `backend`, else {DEFAULT_ROBUSTNESS_BACKEND}; all "
+                             'give the same numbers)')
     parser.add_argument('--work-dir', help='logs and the default results file go here')
     add_launch_args(parser)
     return parse_launch_args(parser)
@@ -85,7 +90,8 @@ def main() -> None:
         results = evaluate_robustness(
             runner, cfg, protocol, results_path, seed=args.seed, bgr_compat=args.bgr_compat,
             corrupted_root=args.corrupted_root, checkpoint=args.checkpoint,
-            save_predictions=args.save_predictions, partial_load=args.allow_partial_load)
+            save_predictions=args.save_predictions, partial_load=args.allow_partial_load,
+            coco_backend=args.coco_backend)
         runner.call_hook('after_run')
         if runner.rank == 0:
             label = osp.splitext(osp.basename(args.config))[0]

@@ -22,7 +22,9 @@ from ..corruptions import Protocol
 from ..utils.config_checks import leaf_datasets
 from ..utils.io import FileLockedError, ResultsStore, exclusive_lock
 from ..version import __version__
+from .coco_metric import DEFAULT_ROBUSTNESS_BACKEND, select_coco_backend, without_backend
 from .metrics import CLEAN
+from .seg_metric import use_fast_iou
 
 RESULTS_FORMAT = 'mmrobust-robustness/1'
 # the keys that must match for a results file to be resumed
@@ -51,7 +53,8 @@ def config_sha256(cfg: Config) -> str:
     loader = {k: v for k, v in dict(cfg.get('test_dataloader') or {}).items()
               if k not in _LOADER_RUNTIME_KEYS}
     parts = {'test_dataloader': loader,
-             **{k: cfg.get(k) for k in ('model', 'test_evaluator', 'test_cfg')}}
+             'test_evaluator': without_backend(cfg.get('test_evaluator')),
+             **{k: cfg.get(k) for k in ('model', 'test_cfg')}}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -170,11 +173,14 @@ def _loading_share(runner, iterations: int) -> Dict[str, float]:
 def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: str, seed: int = 0,
                         bgr_compat: bool = False, corrupted_root: Optional[str] = None,
                         checkpoint: str = '', save_predictions: Optional[str] = None,
-                        progress: bool = True, partial_load: bool = False) -> Dict:
+                        progress: bool = True, partial_load: bool = False,
+                        coco_backend: Optional[str] = None) -> Dict:
     """Evaluate the clean set and every cell of ``protocol``; returns the results dict.
 
     ``runner`` has its model built and its checkpoint loaded already (once for all cells);
     ``partial_load`` (the checkpoint did not fit the model exactly) is recorded in the results.
+    COCO metrics are evaluated by ``coco_backend`` (default: the metric's own ``backend``, else
+    :data:`DEFAULT_ROBUSTNESS_BACKEND`); the library and its version are recorded per cell.
     """
     from mmengine.runner import TestLoop
     from tqdm import tqdm
@@ -182,6 +188,9 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     if corrupted_root is None:
         for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
             find_loading_step(list(dataset['pipeline']))
+    # NOTE: an unknown or missing backend stops here, before any inference
+    _, backends = select_coco_backend(copy.deepcopy(cfg.test_evaluator), coco_backend,
+                                      DEFAULT_ROBUSTNESS_BACKEND)
     rank, _ = get_dist_info()
     identity = {
         'protocol': protocol.name,
@@ -197,6 +206,8 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     if partial_load:
         identity['partial_load'] = 'the checkpoint did not match the model; see the log'
     results = RobustnessResults(results_path, identity)
+    if backends:  # the latest run's; each cell records its own in its timing
+        results.data['coco_backend'] = ', '.join(backends)
     todo = [(CLEAN, 0)] + protocol.cells()
     todo = [(c, s) for c, s in todo if not results.done(c, s)]
     barrier()
@@ -207,7 +218,9 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         bar.set_postfix_str(f'{corruption} {severity}' if severity else corruption)
         loader = cell_dataloader(cfg, None if corruption == CLEAN else corruption, severity,
                                  seed, bgr_compat, corrupted_root)
-        evaluator = copy.deepcopy(cfg.test_evaluator)
+        evaluator, _ = select_coco_backend(copy.deepcopy(cfg.test_evaluator), coco_backend,
+                                           DEFAULT_ROBUSTNESS_BACKEND)
+        evaluator, _ = use_fast_iou(evaluator)  # NOTE: mmseg's numbers, cheaper per image
         if save_predictions:
             evaluator = list(evaluator) if isinstance(evaluator, (list, tuple)) else [evaluator]
             evaluator.append(dict(type='DumpResults', out_file_path=osp.join(
@@ -217,6 +230,8 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         metrics = loop.run()
         timing = {'wall_s': round(time.perf_counter() - start, 3),
                   **_loading_share(runner, len(loop.dataloader))}
+        if backends:
+            timing['metric_backend'] = ', '.join(backends)
         if rank == 0:
             results.record(corruption, severity, _numeric(metrics), timing)
         bar.update(1)

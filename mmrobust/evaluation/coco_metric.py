@@ -1,0 +1,220 @@
+"""mmdet's COCO metric with a choice of COCO evaluation library.
+
+``RobustCocoMetric`` is mmdet's ``CocoMetric`` (same arguments, same keys, same rounding) whose
+``COCO`` / ``COCOeval`` come from the backend it is given:
+
+- ``pycocotools``: the reference (mmdet's own default);
+- ``faster-coco-eval``: a drop-in reimplementation of pycocotools' evaluate / accumulate in C++
+  (tests/test_coco_metric.py checks that all 12 numbers of bbox and segm equal pycocotools' to
+  1e-4 on sets with crowd regions, empty images and masks); the default of robustness runs;
+- ``mmdet-mp``: pycocotools with mmdet's multi-process ``COCOevalMP`` (``use_mp_eval=True``).
+
+``tools/analysis_tools/benchmark_coco_metric.py`` times them on the same predictions.
+"""
+import importlib
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from mmdet.evaluation.metrics import CocoMetric
+
+from ..registry import METRICS
+
+__all__ = ['COCO_BACKENDS', 'DEFAULT_ROBUSTNESS_BACKEND', 'CocoBackend', 'UnknownBackendError',
+           'BackendNotInstalledError', 'coco_backend', 'RobustCocoMetric', 'select_coco_backend',
+           'without_backend']
+
+
+@dataclass(frozen=True)
+class _Spec:
+    package: str  # the distribution pip installs
+    install: str  # what to run when it is missing
+    summary: str
+
+
+# NOTE: the pin is requirements.txt's (tools/setup_env.sh installs it)
+COCO_BACKENDS: Dict[str, _Spec] = {
+    'pycocotools': _Spec('pycocotools', 'pip install pycocotools',
+                         "the reference COCO API (mmdet's default)"),
+    'faster-coco-eval': _Spec('faster-coco-eval', 'pip install faster-coco-eval==1.8.0',
+                              "pycocotools' evaluate/accumulate in C++ (same numbers)"),
+    'mmdet-mp': _Spec('pycocotools', 'pip install pycocotools',
+                      "pycocotools with mmdet's multi-process COCOevalMP (use_mp_eval)"),
+}
+DEFAULT_ROBUSTNESS_BACKEND = 'faster-coco-eval'
+
+
+class UnknownBackendError(ValueError):
+    """A COCO backend name that is not one of :data:`COCO_BACKENDS`."""
+
+
+class BackendNotInstalledError(ImportError):
+    """The library of a known COCO backend is not installed."""
+
+
+@dataclass(frozen=True)
+class CocoBackend:
+    """A COCO evaluation library: its ``COCO`` and ``COCOeval`` classes and its version."""
+    name: str
+    version: str
+    coco: type
+    cocoeval: type
+
+    @property
+    def label(self) -> str:
+        """``name version``, as results files record it."""
+        return f'{self.name} {self.version}'
+
+
+def coco_backend(name: str) -> CocoBackend:
+    """The backend called `name`.
+
+    Raises:
+        UnknownBackendError: `name` is not a backend (the message lists them).
+        BackendNotInstalledError: its library is missing (the message says how to install it).
+    """
+    if name not in COCO_BACKENDS:
+        choices = ', '.join(f'{k} ({v.summary})' for k, v in COCO_BACKENDS.items())
+        raise UnknownBackendError(f'unknown COCO backend {name!r}; choose one of: {choices}')
+    spec = COCO_BACKENDS[name]
+    try:
+        if name == 'faster-coco-eval':
+            module = importlib.import_module('faster_coco_eval')
+            coco, cocoeval = module.COCO, module.COCOeval_faster
+        else:
+            from mmdet.datasets.api_wrappers import COCO, COCOeval, COCOevalMP
+            coco, cocoeval = COCO, (COCOevalMP if name == 'mmdet-mp' else COCOeval)
+        lib_version = version(spec.package)
+    except (ImportError, PackageNotFoundError) as err:
+        raise BackendNotInstalledError(
+            f'the COCO backend {name!r} needs the package {spec.package!r}, which is not '
+            f'installed ({err}); install it with `{spec.install}` (tools/setup_env.sh does), or '
+            f"choose another backend (test_evaluator.backend / --coco-backend): "
+            f'{", ".join(COCO_BACKENDS)}') from err
+    return CocoBackend(name, lib_version, coco, cocoeval)
+
+
+# mmdet's compute_metrics names COCOeval through its module's globals
+_SWAP_LOCK = threading.Lock()
+
+
+@contextmanager
+def _mmdet_cocoeval(cocoeval: type) -> Iterator[None]:
+    from mmdet.evaluation.metrics import coco_metric as module
+    with _SWAP_LOCK:  # NOTE: one metric at a time in a process swaps the class
+        saved = module.COCOeval
+        module.COCOeval = cocoeval
+        try:
+            yield
+        finally:
+            module.COCOeval = saved
+
+
+@METRICS.register_module()
+class RobustCocoMetric(CocoMetric):
+    """mmdet's ``CocoMetric`` evaluated by the COCO library `backend`.
+
+    Args:
+        backend: one of :data:`COCO_BACKENDS`; the ground truth is parsed by the backend's own
+            ``COCO`` and evaluated by its own ``COCOeval``.
+        ann_file: as ``CocoMetric``'s.
+        use_mp_eval: not an argument here: choose ``backend='mmdet-mp'``.
+        **kwargs: the other arguments of mmdet's ``CocoMetric`` (metric, classwise, ...).
+    """
+
+    def __init__(self, backend: str = 'pycocotools', ann_file: Optional[str] = None,
+                 **kwargs) -> None:
+        if 'use_mp_eval' in kwargs:
+            raise TypeError("RobustCocoMetric: instead of use_mp_eval choose "
+                            "backend='mmdet-mp'")
+        self.backend = coco_backend(backend)
+        # NOTE: mmdet would parse ann_file with pycocotools; the backend parses it below
+        super().__init__(ann_file=None, use_mp_eval=backend == 'mmdet-mp', **kwargs)
+        self.ann_file = ann_file
+        if ann_file is not None:
+            from mmengine.fileio import get_local_path
+            with get_local_path(ann_file, backend_args=self.backend_args) as local_path:
+                self._coco_api = self.backend.coco(local_path)
+
+    def compute_metrics(self, results: list) -> Dict[str, float]:
+        """mmdet's computation; ground truth converted from the dataset (no ann_file) is parsed
+        by the backend's ``COCO`` too."""
+        if self._coco_api is None:
+            gts = [gt for gt, _ in results]
+            self._gt_from_dataset(gts)
+        with _mmdet_cocoeval(self.backend.cocoeval):
+            return super().compute_metrics(results)
+
+    def _gt_from_dataset(self, gts) -> None:
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            prefix = self.outfile_prefix or f'{tmp}/results'
+            self._coco_api = self.backend.coco(self.gt_to_coco_json(gts, prefix))
+
+
+# -- choosing the backend of an evaluator config --------------------------------------------------
+
+_COCO_TYPES = ('CocoMetric', 'mmdet.CocoMetric', 'RobustCocoMetric', 'mmrobust.RobustCocoMetric')
+
+
+def _metric_entries(evaluator: Any) -> List[Dict]:
+    """The metric configs of an evaluator config (a metric, a list, or ``dict(metrics=...)``)."""
+    if isinstance(evaluator, (list, tuple)):
+        return [m for e in evaluator for m in _metric_entries(e)]
+    if isinstance(evaluator, dict) and 'metrics' in evaluator:
+        return _metric_entries(evaluator['metrics'])
+    return [evaluator] if isinstance(evaluator, dict) else []
+
+
+def _is_coco(entry: Dict) -> bool:
+    kind = entry.get('type')
+    name = kind if isinstance(kind, str) else getattr(kind, '__name__', '')
+    return name in _COCO_TYPES
+
+
+def select_coco_backend(evaluator: Any, backend: Optional[str] = None,
+                        default: Optional[str] = None) -> Tuple[Any, List[str]]:
+    """Evaluate every COCO metric of an evaluator config with a chosen COCO library.
+
+    Args:
+        evaluator: a ``test_evaluator`` config; changed in place.
+        backend: the user's choice (``--coco-backend``) for every COCO metric.
+        default: without `backend`, the backend of a COCO metric that names none (a metric's
+            own ``backend=...`` wins); None leaves such a metric mmdet's.
+
+    Returns:
+        The evaluator config and the backends used (``'name version'``), one per COCO metric.
+
+    Raises:
+        UnknownBackendError, BackendNotInstalledError: as :func:`coco_backend`.
+    """
+    labels = []
+    for entry in _metric_entries(evaluator):
+        if not _is_coco(entry):
+            continue
+        chosen = backend or entry.get('backend') or default
+        if chosen is None:
+            chosen = 'mmdet-mp' if entry.get('use_mp_eval') else 'pycocotools'
+            labels.append(coco_backend(chosen).label)
+            continue
+        labels.append(coco_backend(chosen).label)  # NOTE: fails here, before any inference
+        entry.pop('use_mp_eval', None)
+        entry['type'] = 'RobustCocoMetric'
+        entry['backend'] = chosen
+    return evaluator, labels
+
+
+def without_backend(evaluator: Any) -> Any:
+    """A copy of an evaluator config without its COCO metrics' ``backend`` keys, which change
+    how fast the numbers come, not what they are (for fingerprints of what is evaluated)."""
+    import copy
+    evaluator = copy.deepcopy(evaluator)
+    for entry in _metric_entries(evaluator):
+        if _is_coco(entry):
+            entry.pop('backend', None)
+            entry.pop('use_mp_eval', None)
+            if entry.get('type') in _COCO_TYPES[2:]:
+                entry['type'] = 'CocoMetric'
+    return evaluator
