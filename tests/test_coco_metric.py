@@ -234,3 +234,20 @@ def test_metric_benchmark_prints_ratios_and_checks_equality(tmp_path):
     rows = [line for line in out.splitlines() if line.startswith('| faster-coco-eval ')]
     assert len(rows) == 1 and rows[0].rstrip().endswith('|'), out
     assert float(rows[0].split('|')[5]) <= 1e-4  # the stats agree
+
+
+def test_test_tool_honours_a_configured_backend(tmp_path):
+    from mmengine.config import Config
+
+    from mmrobust.apis import apply_test_args
+
+    from conftest import REPO
+    config = str(REPO / 'configs/toy/mask-rcnn_r18_fpn_toy-coco.py')
+    ckpt = tmp_path / 'x.pth'
+    ckpt.write_bytes(b'')
+    cfg = Config.fromfile(config)
+    cfg.merge_from_dict({'test_evaluator.backend': 'faster-coco-eval'})
+    cfg = apply_test_args(cfg, str(ckpt), None, False, None, 0, False)
+    assert cfg.test_evaluator['type'] == 'RobustCocoMetric'
+    plain = apply_test_args(Config.fromfile(config), str(ckpt), None, False, None, 0, False)
+    assert plain.test_evaluator['type'] == 'CocoMetric'  # the config's own metric otherwise

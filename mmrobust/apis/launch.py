@@ -154,6 +154,10 @@ def apply_test_args(cfg: Config, checkpoint: str, out: Optional[str], show: bool
     if not osp.isfile(checkpoint):
         raise FileNotFoundError(f'checkpoint {checkpoint!r} does not exist')
     cfg.load_from = checkpoint
+    # a COCO metric given `backend=...` (e.g. --cfg-options test_evaluator.backend=...) is
+    # evaluated by that library; one without keeps mmdet's CocoMetric
+    from ..evaluation.coco_metric import select_coco_backend
+    select_coco_backend(cfg.test_evaluator)
     if show or show_dir:
         _trigger_visualization(cfg, show, show_dir, wait_time)
     if tta:
