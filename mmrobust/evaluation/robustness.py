@@ -189,8 +189,9 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
             find_loading_step(list(dataset['pipeline']))
     # NOTE: an unknown or missing backend stops here, before any inference
-    _, backends = select_coco_backend(copy.deepcopy(cfg.test_evaluator), coco_backend,
-                                      DEFAULT_ROBUSTNESS_BACKEND)
+    cell_evaluator, backends = select_coco_backend(copy.deepcopy(cfg.test_evaluator),
+                                                   coco_backend, DEFAULT_ROBUSTNESS_BACKEND)
+    cell_evaluator, _ = use_fast_iou(cell_evaluator)  # NOTE: mmseg's numbers, cheaper per image
     rank, _ = get_dist_info()
     identity = {
         'protocol': protocol.name,
@@ -218,9 +219,7 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         bar.set_postfix_str(f'{corruption} {severity}' if severity else corruption)
         loader = cell_dataloader(cfg, None if corruption == CLEAN else corruption, severity,
                                  seed, bgr_compat, corrupted_root)
-        evaluator, _ = select_coco_backend(copy.deepcopy(cfg.test_evaluator), coco_backend,
-                                           DEFAULT_ROBUSTNESS_BACKEND)
-        evaluator, _ = use_fast_iou(evaluator)  # NOTE: mmseg's numbers, cheaper per image
+        evaluator = copy.deepcopy(cell_evaluator)  # NOTE: a fresh metric for every cell
         if save_predictions:
             evaluator = list(evaluator) if isinstance(evaluator, (list, tuple)) else [evaluator]
             evaluator.append(dict(type='DumpResults', out_file_path=osp.join(
