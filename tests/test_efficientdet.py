@@ -65,6 +65,9 @@ def test_odd_input_sizes_levels_and_gradients(arch):
 
 
 def test_head_keeps_one_norm_per_level_and_prior_bias():
+    # NOTE: the head builds mmdet's coders and losses by name: in mmdet's scope, whatever scope
+    # an earlier test in this process (an xdist worker) left current
+    init_default_scope('mmdet')
     head = EfficientDetHead(num_classes=3, in_channels=64)
     head.init_weights()
     assert len(head.cls_norms) == 5 and len(head.cls_norms[0]) == 3
