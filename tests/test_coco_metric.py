@@ -234,6 +234,9 @@ def test_metric_benchmark_prints_ratios_and_checks_equality(tmp_path):
     rows = [line for line in out.splitlines() if line.startswith('| faster-coco-eval ')]
     assert len(rows) == 1 and rows[0].rstrip().endswith('|'), out
     assert float(rows[0].split('|')[5]) <= 1e-4  # the stats agree
+    # the mask encoding inside the loop, mmdet's and ours (identical, or the tool stops)
+    rows = [line for line in out.splitlines() if line.startswith('| mmrobust encode_masks |')]
+    assert len(rows) == 1 and rows[0].rstrip().endswith('x |'), out
 
 
 def test_test_tool_honours_a_configured_backend(tmp_path):
@@ -251,3 +254,55 @@ def test_test_tool_honours_a_configured_backend(tmp_path):
     assert cfg.test_evaluator['type'] == 'RobustCocoMetric'
     plain = apply_test_args(Config.fromfile(config), str(ckpt), None, False, None, 0, False)
     assert plain.test_evaluator['type'] == 'CocoMetric'  # the config's own metric otherwise
+
+
+def _mask_cases(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+    """Empty, full, noisy, sparse, box-shaped, full-height and cross-shaped masks."""
+    masks = [np.zeros((h, w), bool), np.ones((h, w), bool)]
+    for k in range(24):
+        mask = np.zeros((h, w), bool)
+        if k % 4 == 0:
+            mask = rng.random((h, w)) < 0.5
+        elif k % 4 == 1:
+            mask = rng.random((h, w)) < 0.02
+        elif k % 4 == 2:
+            y, x = rng.integers(0, h), rng.integers(0, w)
+            mask[y:y + rng.integers(1, h + 1), x:x + rng.integers(1, w + 1)] = True
+        else:
+            mask[:, rng.integers(0, w)] = True
+            mask[rng.integers(0, h), :] = True
+        masks.append(mask)
+    return np.stack(masks)
+
+
+@pytest.mark.parametrize('size', [(1, 1), (1, 5), (5, 1), (7, 3), (33, 17), (480, 640)])
+def test_masks_are_run_length_encoded_as_pycocotools_does(size):
+    from mmdet.structures.mask import encode_mask_results
+
+    from mmrobust.evaluation.mask_rle import encode_masks
+    masks = _mask_cases(np.random.default_rng(size[0] * 1000 + size[1]), *size)
+    for given in (masks, masks.astype(np.uint8), torch.from_numpy(masks)):
+        assert encode_masks(given) == encode_mask_results(masks)  # byte for byte
+    assert encode_masks(np.zeros((0, *size), bool)) == []
+
+
+def test_robust_metric_processes_masks_as_mmdet_does(synthetic):
+    from mmdet.evaluation import CocoMetric
+    path, gt, dets = synthetic
+    rng = np.random.default_rng(0)
+    samples = []
+    for d in dets[:4]:
+        h, w = d['ori_shape']
+        masks = torch.from_numpy(_mask_cases(rng, h, w)[:len(d['scores'])])
+        n = len(masks)
+        samples.append({'img_id': d['img_id'], 'ori_shape': d['ori_shape'], 'pred_instances': {
+            'bboxes': torch.from_numpy(d['bboxes'][:n]), 'scores': torch.from_numpy(
+                d['scores'][:n]), 'labels': torch.from_numpy(d['labels'][:n]), 'masks': masks}})
+    ours, theirs = RobustCocoMetric(ann_file=path), CocoMetric(ann_file=path)
+    ours.process({}, samples)
+    theirs.process({}, samples)
+    assert len(ours.results) == len(theirs.results) == 4
+    for (gt_a, a), (gt_b, b) in zip(ours.results, theirs.results):
+        assert gt_a == gt_b and a['masks'] == b['masks']
+        assert all(np.array_equal(a[k], b[k]) for k in ('bboxes', 'scores', 'labels'))
+    assert isinstance(samples[0]['pred_instances']['masks'], torch.Tensor)  # left as it was

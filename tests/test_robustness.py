@@ -158,6 +158,11 @@ def test_detector_on_the_fly_stored_resume_and_report(toy_data, trained_toy_dete
     assert clean['coco/bbox_mAP'] > 0.08 and clean['coco/segm_mAP'] > 0.08
     assert data['cells']['fog']['4']['coco/bbox_mAP'] < clean['coco/bbox_mAP']
     assert data['timing']['fog']['4']['data_wait_s'] >= 0
+    for by_severity in data['timing'].values():  # what each cell's metric hid, or not
+        for timing in by_severity.values():
+            assert timing['inference_s'] > 0 and timing['metric_s'] > 0
+            assert timing['wait_s'] >= 0
+    assert not (tmp_path / 'fly_predictions').exists()  # removed once recorded
     # the COCO library of robustness runs, recorded per cell and for the run
     faster = coco_backend('faster-coco-eval').label
     assert data['coco_backend'] == data['timing']['fog']['4']['metric_backend'] == faster
@@ -219,7 +224,8 @@ def test_segmentor_on_the_fly_equals_stored(toy_data, tmp_path):
              '--workers', '2', '--no-progress')
     run_tool('test_robustness.py', SEG_CFG, ckpt, *cells, '--results', stored, '--work-dir',
              tmp_path / 'w2', '--corrupted-root', tmp_path / 'cs-c', '--save-predictions',
-             tmp_path / 'p2', *NO_WORKERS)
+             tmp_path / 'p2', '--metric-queue', '0', *NO_WORKERS)
+    # on the fly with background metrics = stored with serial metrics
     assert _cells(fly) == _cells(stored)
     assert set(_cells(fly)['snow']['2']) >= {'mIoU', 'mAcc', 'aAcc'}
     assert _same_predictions(tmp_path / 'p1' / 'snow_2.pkl', tmp_path / 'p2' / 'snow_2.pkl')
@@ -227,12 +233,13 @@ def test_segmentor_on_the_fly_equals_stored(toy_data, tmp_path):
 
 
 def test_two_processes_match_one(toy_data, trained_toy_detector, tmp_path):
-    """--launcher pytorch (2 CPU processes) gives the numbers of a single process."""
+    """--launcher pytorch (2 CPU processes, background metrics) gives the numbers of a single
+    process (serial metrics)."""
     ckpt = trained_toy_detector / 'iter_300.pth'
     cells = ['--corruptions', 'contrast', '--severities', '5']
-    single = tmp_path / 'one.json'
+    single = tmp_path / 'one.json'  # serial metrics; the 2-process run computes them beside
     run_tool('test_robustness.py', DET_CFG, ckpt, *cells, '--results', single, '--work-dir',
-             tmp_path / 'w1', *DET_OPTIONS)
+             tmp_path / 'w1', '--metric-queue', '0', *DET_OPTIONS)
     double = tmp_path / 'two.json'
     run_cmd(['bash', REPO / 'tools/dist_test.sh', DET_CFG, ckpt, '2', *cells, '--results',
              double, '--work-dir', tmp_path / 'w2', *DET_OPTIONS],
@@ -249,7 +256,7 @@ def test_mmdet_results_pickle_is_read_safely(tmp_path):
     path = tmp_path / 'old_results.pkl'
     path.write_bytes(pickle.dumps(data))
     results = load_results(str(path))
-    assert results['cells']['clean'] == {'0': {'coco/bbox_mAP': 0.4}}
+    assert results['cells']['clean'] == {0: {'coco/bbox_mAP': 0.4}}  # severities as integers
     m = robustness_summary(results['cells'])['metrics']['coco/bbox_mAP']
     assert m['mPC'] == pytest.approx(0.325) and m['rPC'] == pytest.approx(0.8125)
     proc = run_tool('robustness_report.py', path, '--out-dir', tmp_path / 'rep')

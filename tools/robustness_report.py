@@ -21,8 +21,8 @@ report_origin(__file__)
 import argparse
 import os.path as osp
 
-from mmrobust.evaluation import report_dir
-from mmrobust.evaluation.report import load_results, plot, summary_markdown, write_csv
+from mmrobust.evaluation.report import plot, summary_markdown, write_csv
+from mmrobust.evaluation.results import load_results, report_dir
 
 
 def main() -> int:

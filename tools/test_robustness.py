@@ -6,11 +6,14 @@
     python tools/test_robustness.py CONFIG CKPT --corruptions fog snow --severities 3 5
     TOOL=test_robustness.py bash tools/dist_test.sh CONFIG CKPT 8 --protocol benchmark
 
-The model is built and the checkpoint loaded once. After every cell the results JSON
+The model is built and the checkpoint loaded once. A cell's metric is computed by a worker
+process while the next cells infer (--metric-queue K cells at most; 0: serial), from predictions
+saved in <results stem>_predictions/ until the cell is recorded. After every cell the results JSON
 (default: WORK_DIR/robustness_<protocol>.json) is rewritten atomically, and rerunning the same
-command resumes; one run at a time writes a results file (a second one stops, or queues with
---wait). At the end the P_clean / mPC / rPC table is printed and <results stem>_report/ next to
-the results gets the CSV files and plots; tools/robustness_report.py compares several models.
+command resumes, from the saved predictions where a run was killed during a metric; one run
+at a time writes a results file (a second one stops, or queues with --wait). At the end the
+P_clean / mPC / rPC table is printed and <results stem>_report/ next to the results gets the CSV
+files and plots; tools/robustness_report.py compares several models.
 """
 import sys
 from pathlib import Path
@@ -35,9 +38,11 @@ from mmrobust.apis import (
     parse_launch_args,
 )
 from mmrobust.corruptions import resolve_protocol
-from mmrobust.evaluation import evaluate_robustness, report_dir, results_lock
+from mmrobust.evaluation import evaluate_robustness, results_lock
 from mmrobust.evaluation.coco_metric import COCO_BACKENDS, DEFAULT_ROBUSTNESS_BACKEND
 from mmrobust.evaluation.report import plot, summary_markdown, write_csv
+from mmrobust.evaluation.results import report_dir
+from mmrobust.evaluation.robustness import DEFAULT_METRIC_QUEUE
 from mmrobust.utils import explain_registry_errors
 
 
@@ -70,6 +75,11 @@ def parse_args() -> argparse.Namespace:
                         help='COCO evaluation library of the COCO metrics (default: the '
                              f"metric's own `backend`, else {DEFAULT_ROBUSTNESS_BACKEND}; all "
                              'give the same numbers)')
+    parser.add_argument('--metric-queue', type=int, default=DEFAULT_METRIC_QUEUE, metavar='K',
+                        help="compute a cell's metric in a worker process while the next cells "
+                             'infer, at most K cells in flight (their predictions are saved '
+                             'next to the results file until recorded, so a killed run resumes '
+                             f'without inference); 0: serial (default: {DEFAULT_METRIC_QUEUE})')
     parser.add_argument('--work-dir', help='logs and the default results file go here')
     add_launch_args(parser)
     return parse_launch_args(parser)
@@ -77,6 +87,8 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    if args.metric_queue < 0:
+        sys.exit(f'error: --metric-queue must be 0 (serial) or more, got {args.metric_queue}')
     protocol = resolve_protocol(args.protocol, args.corruptions, args.severities)
     cfg = Config.fromfile(args.config)
     cfg = apply_common_args(cfg, args.config, args.launcher, args.work_dir, args.cfg_options)
@@ -91,7 +103,7 @@ def main() -> None:
             runner, cfg, protocol, results_path, seed=args.seed, bgr_compat=args.bgr_compat,
             corrupted_root=args.corrupted_root, checkpoint=args.checkpoint,
             save_predictions=args.save_predictions, partial_load=args.allow_partial_load,
-            coco_backend=args.coco_backend)
+            coco_backend=args.coco_backend, metric_queue=args.metric_queue)
         runner.call_hook('after_run')
         if runner.rank == 0:
             label = osp.splitext(osp.basename(args.config))[0]

@@ -1,21 +1,22 @@
 """Robustness evaluation (corruption cells, results files), its metrics and its reports."""
 from ..utils.io import ResultsMismatchError
+from .background import MetricWorkerError
 from .coco_metric import COCO_BACKENDS, RobustCocoMetric, coco_backend
 from .metrics import CLEAN, robustness_summary
+from .results import RESULTS_FORMAT, RobustnessResults, load_results, report_dir
 from .robustness import (
+    DEFAULT_METRIC_QUEUE,
     PipelineError,
-    RobustnessResults,
     cell_dataloader,
     evaluate_robustness,
     find_loading_step,
-    report_dir,
     results_lock,
 )
 from .seg_metric import FastIoUMetric
 from .vq_metric import VQReconstructionMetric
 
-__all__ = ['CLEAN', 'COCO_BACKENDS', 'FastIoUMetric', 'RobustCocoMetric', 'coco_backend',
-           'PipelineError',
-           'ResultsMismatchError', 'RobustnessResults',
-           'cell_dataloader', 'evaluate_robustness', 'find_loading_step', 'report_dir',
-           'results_lock', 'robustness_summary', 'VQReconstructionMetric']
+__all__ = ['CLEAN', 'COCO_BACKENDS', 'DEFAULT_METRIC_QUEUE', 'FastIoUMetric', 'MetricWorkerError',
+           'RESULTS_FORMAT', 'RobustCocoMetric', 'coco_backend', 'PipelineError',
+           'ResultsMismatchError', 'RobustnessResults', 'cell_dataloader', 'evaluate_robustness',
+           'find_loading_step', 'load_results', 'report_dir', 'results_lock',
+           'robustness_summary', 'VQReconstructionMetric']

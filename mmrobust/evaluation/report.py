@@ -1,73 +1,18 @@
 """Tables, CSV and plots of robustness results (mmrobust JSON or mmdet 3.3 ``*_results.pkl``)."""
 import csv
-import io
-import json
 import os
 import os.path as osp
-import pickle
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..corruptions import CATEGORIES, CORRUPTIONS, Protocol
 from ..utils.io import save_figure
-from .metrics import CLEAN, robustness_summary
+from .metrics import robustness_summary
+from .results import load_results
+
+__all__ = ['load_results', 'summarize', 'summary_markdown', 'write_csv', 'plot']
 
 # metrics shown by default, in this order, when present
 MAIN_METRICS = ('bbox_mAP', 'segm_mAP', 'mIoU', 'AP', 'mAP')
-
-
-class _PlainUnpickler(pickle.Unpickler):
-    """Unpickles dicts of numbers only (mmdet's results files), never arbitrary objects."""
-
-    ALLOWED = {('collections', 'OrderedDict'), ('numpy', 'dtype'),
-               ('numpy.core.multiarray', 'scalar'), ('numpy._core.multiarray', 'scalar')}
-
-    def find_class(self, module: str, name: str):
-        if (module, name) not in self.ALLOWED:
-            raise pickle.UnpicklingError(
-                f'{module}.{name} is not allowed in a results file (only dicts of numbers are)')
-        return super().find_class(module, name)
-
-
-def _from_mmdet_pkl(data: Mapping) -> Dict:
-    """mmdet's ``{corruption: {severity: metrics}}`` (severity 0 = clean) as mmrobust cells."""
-    cells: Dict = {}
-    for corruption, by_severity in data.items():
-        for severity, metrics in by_severity.items():
-            scores = {k: float(v) for k, v in dict(metrics).items()
-                      if isinstance(v, (int, float)) or hasattr(v, '__float__')}
-            if int(severity) == 0:
-                cells.setdefault(CLEAN, {'0': scores})
-            elif corruption in CORRUPTIONS:
-                cells.setdefault(corruption, {})[str(int(severity))] = scores
-    return {'protocol': 'mmdet-results', 'cells': cells, 'source': 'mmdet test_robustness'}
-
-
-def load_results(path: str) -> Dict:
-    """A results dict (``cells`` etc.) from an mmrobust JSON or an mmdet ``_results.pkl``."""
-    if not osp.isfile(path):
-        raise FileNotFoundError(f'Results file {path} does not exist.')
-    if path.endswith(('.pkl', '.pickle')):
-        with open(path, 'rb') as f:
-            raw = f.read()
-        try:
-            data = _PlainUnpickler(io.BytesIO(raw)).load()
-            if not isinstance(data, Mapping) or not all(isinstance(v, Mapping)
-                                                        for v in data.values()):
-                raise pickle.UnpicklingError(f'it holds a {type(data).__name__}, not '
-                                             '{corruption: {severity: metrics}}')
-        except pickle.UnpicklingError as err:
-            stem, ext = osp.splitext(path)
-            hint = (f' mmdet\'s test_robustness.py writes the predictions to --out {path} and the '
-                    f'metrics to {stem}_results{ext}: pass that file'
-                    + ('' if osp.isfile(f'{stem}_results{ext}') else ' (not found next to it)'))
-            raise ValueError(f'{path} is not a robustness results file ({err}).'
-                             + ('' if stem.endswith('_results') else hint)) from None
-        return _from_mmdet_pkl(data)
-    with open(path) as f:
-        data = json.load(f)
-    if 'cells' not in data:
-        raise ValueError(f'{path} is not a robustness results file (no "cells").')
-    return data
 
 
 def _protocol_of(results: Mapping) -> Optional[Protocol]:

@@ -9,10 +9,15 @@ the results file is rewritten atomically; a rerun with the same identity skips f
 import copy
 import hashlib
 import json
+import os
 import os.path as osp
 import time
+from collections import deque
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import ExitStack, contextmanager
-from typing import Dict, Iterator, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from mmengine.config import Config, ConfigDict
 from mmengine.dist import barrier, broadcast_object_list, get_dist_info
@@ -20,28 +25,35 @@ from mmengine.logging import print_log
 
 from ..corruptions import Protocol
 from ..utils.config_checks import leaf_datasets
-from ..utils.io import FileLockedError, ResultsStore, exclusive_lock
+from ..utils.io import TMP_MARK, FileLockedError, exclusive_lock
 from ..version import __version__
-from .coco_metric import DEFAULT_ROBUSTNESS_BACKEND, select_coco_backend, without_backend
+from .background import (
+    InferenceLoop,
+    MetricWorker,
+    MetricWorkerError,
+    compute_metrics,
+    load_cell_predictions,
+    predictions_dir,
+    predictions_path,
+    save_cell_predictions,
+    saved_cells,
+)
+from .coco_metric import (
+    DEFAULT_ROBUSTNESS_BACKEND,
+    _metric_entries,
+    select_coco_backend,
+    without_backend,
+)
 from .metrics import CLEAN
+from .results import RobustnessResults, file_sha256, identity_sha256
 from .seg_metric import use_fast_iou
 
-RESULTS_FORMAT = 'mmrobust-robustness/1'
-# the keys that must match for a results file to be resumed
-IDENTITY_KEYS = ('protocol', 'cells_planned', 'seed', 'bgr_compat', 'source', 'config_sha256',
-                 'checkpoint_sha256')
+#: Cells whose metrics may be in flight beside the next cell's inference (``--metric-queue``).
+DEFAULT_METRIC_QUEUE = 2
 
 
 class PipelineError(ValueError):
     """The test pipeline cannot be corrupted (no image-loading step)."""
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(1 << 20), b''):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # dataloader settings that do not change what is evaluated (a resumed run may change them)
@@ -99,13 +111,6 @@ def cell_dataloader(cfg: Config, corruption: Optional[str], severity: int, seed:
 
 # -- the results file ------------------------------------------------------------------------------
 
-def report_dir(results_path: str) -> str:
-    """Where the tables and plots of a results file go: ``<results stem>_report/`` next to it,
-    so two results files in one folder keep their own."""
-    stem = osp.splitext(osp.abspath(results_path))[0]
-    return f'{stem}_report'
-
-
 @contextmanager
 def results_lock(path: str, wait: bool = False) -> Iterator[None]:
     """One writer per results file: rank 0 holds its lock for the with-block.
@@ -131,24 +136,6 @@ def results_lock(path: str, wait: bool = False) -> Iterator[None]:
         yield
 
 
-class RobustnessResults(ResultsStore):
-    """The JSON results file: identity, cells and timings; atomic writes; resume checks."""
-
-    def __init__(self, path: str, identity: Dict) -> None:
-        super().__init__(path, {'format': RESULTS_FORMAT, **identity}, entries_key='cells',
-                         identity_keys=('format', ) + IDENTITY_KEYS,
-                         fix='delete the file to start fresh, or pass --results with another '
-                         'path')
-        self.data.setdefault('timing', {})
-
-    def done(self, corruption: str, severity: int) -> bool:
-        return super().done(corruption, str(severity))
-
-    def record(self, corruption: str, severity: int, metrics: Dict, timing: Dict) -> None:
-        self.data['timing'].setdefault(corruption, {})[str(severity)] = timing
-        super().record(corruption, str(severity), value=metrics)
-
-
 def _numeric(metrics: Dict) -> Dict[str, float]:
     out = {}
     for key, value in metrics.items():
@@ -170,21 +157,96 @@ def _loading_share(runner, iterations: int) -> Dict[str, float]:
     return {'data_wait_s': round(float(waits.sum()), 3), 'iter_s': round(float(totals.sum()), 3)}
 
 
+
+
+# -- the loop --------------------------------------------------------------------------------------
+
+@dataclass
+class _Plan:
+    """What remains of a protocol, decided on rank 0 and broadcast to every rank."""
+    infer: List[Tuple[str, int]]  # cells to run inference on, in order
+    saved: Dict[Tuple[str, int], str] = field(default_factory=dict)  # metric only (rank 0)
+    error: Optional[BaseException] = None  # raised on every rank
+
+
+def _plan_on_rank0(results: RobustnessResults, protocol: Protocol, folder: str) -> _Plan:
+    """The cells left to do; predictions a killed run saved are used instead of inference."""
+    saved, foreign = saved_cells(folder, identity_sha256(results.identity))
+    for path in foreign:
+        print_log(f'removing {path}: predictions of another evaluation (or unreadable)',
+                  logger='current', level=30)
+        os.remove(path)
+    if osp.isdir(folder):
+        for name in os.listdir(folder):  # NOTE: half-written by a killed run, never used
+            if TMP_MARK in name:
+                os.remove(osp.join(folder, name))
+    for cell in [c for c in saved if results.done(*c)]:  # killed after recording, before removal
+        os.remove(saved.pop(cell))
+    todo = [(c, s) for c, s in [(CLEAN, 0)] + protocol.cells() if not results.done(c, s)]
+    if saved:
+        print_log(f'{len(saved)} cell(s) resume from their saved predictions in {folder} '
+                  f'without inference: {", ".join(f"{c} {s}" for c, s in saved)}',
+                  logger='current')
+    return _Plan(infer=[c for c in todo if c not in saved],
+                 saved={c: saved[c] for c in todo if c in saved})
+
+
+def _broadcast_plan(plan: Optional[_Plan]) -> _Plan:
+    """Rank 0's plan (or its error) on every rank, so no rank plans another loop or waits alone
+    in a collective."""
+    import pickle
+    _, world = get_dist_info()
+    if world > 1:
+        if plan is not None and plan.error is not None:
+            try:
+                pickle.dumps(plan.error)
+            except Exception:  # NOTE: an exception that does not pickle still stops every rank
+                plan.error = RuntimeError(f'{type(plan.error).__name__}: {plan.error}')
+        box = [plan]
+        broadcast_object_list(box)
+        plan = box[0]
+    assert plan is not None
+    if plan.error is not None:
+        raise plan.error
+    return plan
+
+
+@dataclass
+class _InFlight:
+    cell: Tuple[str, int]
+    path: str
+    future: Future
+    timing: Dict[str, Any]
+
+
 def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: str, seed: int = 0,
                         bgr_compat: bool = False, corrupted_root: Optional[str] = None,
                         checkpoint: str = '', save_predictions: Optional[str] = None,
                         progress: bool = True, partial_load: bool = False,
-                        coco_backend: Optional[str] = None) -> Dict:
-    """Evaluate the clean set and every cell of ``protocol``; returns the results dict.
+                        coco_backend: Optional[str] = None,
+                        metric_queue: int = DEFAULT_METRIC_QUEUE) -> Dict:
+    """Evaluate the clean set and every cell of ``protocol``; returns the results dict (rank 0;
+    an empty dict on the other ranks).
 
     ``runner`` has its model built and its checkpoint loaded already (once for all cells);
     ``partial_load`` (the checkpoint did not fit the model exactly) is recorded in the results.
     COCO metrics are evaluated by ``coco_backend`` (default: the metric's own ``backend``, else
     :data:`DEFAULT_ROBUSTNESS_BACKEND`); the library and its version are recorded per cell.
+
+    With ``metric_queue`` K > 0 a cell's metric is computed by a worker process from its saved
+    predictions while the next cells infer, at most K cells in flight (the loop waits when the
+    worker falls behind); K = 0 computes each cell's metric right after its inference. Each
+    cell's timing records ``inference_s``, ``metric_s`` and ``wait_s`` (how long the loop
+    waited for that metric).
+
+    Raises:
+        MetricWorkerError: the metric worker died or its metric failed; the cell's predictions
+            are kept and a rerun resumes from them.
     """
-    from mmengine.runner import TestLoop
     from tqdm import tqdm
 
+    if metric_queue < 0:
+        raise ValueError(f'metric_queue must be 0 (serial) or more, got {metric_queue}')
     if corrupted_root is None:
         for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
             find_loading_step(list(dataset['pipeline']))
@@ -193,49 +255,154 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
                                                    coco_backend, DEFAULT_ROBUSTNESS_BACKEND)
     cell_evaluator, _ = use_fast_iou(cell_evaluator)  # NOTE: mmseg's numbers, cheaper per image
     rank, _ = get_dist_info()
-    identity = {
-        'protocol': protocol.name,
-        'cells_planned': {c: list(s) for c, s in protocol.severities.items()},
-        'seed': seed, 'bgr_compat': bgr_compat,
-        'source': 'stored' if corrupted_root else 'on-the-fly',
-        'corrupted_root': corrupted_root,
-        'config': cfg.filename, 'config_sha256': config_sha256(cfg),
-        'checkpoint': checkpoint,
-        'checkpoint_sha256': file_sha256(checkpoint) if checkpoint else None,
-        'scope': cfg.get('default_scope'), 'mmrobust': __version__,
-    }
-    if partial_load:
-        identity['partial_load'] = 'the checkpoint did not match the model; see the log'
-    results = RobustnessResults(results_path, identity)
-    if backends:  # the latest run's; each cell records its own in its timing
-        results.data['coco_backend'] = ', '.join(backends)
-    todo = [(CLEAN, 0)] + protocol.cells()
-    todo = [(c, s) for c, s in todo if not results.done(c, s)]
-    barrier()
+    folder = predictions_dir(results_path)
+    results: Optional[RobustnessResults] = None
+    plan: Optional[_Plan] = None
+    if rank == 0:  # NOTE: only rank 0 reads the results file (it may be node-local)
+        try:
+            identity = {
+                'protocol': protocol.name,
+                'cells_planned': {c: list(s) for c, s in protocol.severities.items()},
+                'seed': seed, 'bgr_compat': bgr_compat,
+                'source': 'stored' if corrupted_root else 'on-the-fly',
+                'corrupted_root': corrupted_root,
+                'config': cfg.filename, 'config_sha256': config_sha256(cfg),
+                'checkpoint': checkpoint,
+                'checkpoint_sha256': file_sha256(checkpoint) if checkpoint else None,
+                'scope': cfg.get('default_scope'), 'mmrobust': __version__,
+            }
+            if partial_load:
+                identity['partial_load'] = 'the checkpoint did not match the model; see the log'
+            results = RobustnessResults(results_path, identity)
+            if backends:  # the latest run's; each cell records its own in its timing
+                results.data['coco_backend'] = ', '.join(backends)
+            plan = _plan_on_rank0(results, protocol, folder)
+        except Exception as err:
+            plan = _Plan(infer=[], error=err)
+    plan = _broadcast_plan(plan)
 
-    bar = tqdm(total=len(todo), unit='cell', disable=not progress or rank != 0,
-               desc=f'{protocol.name}', dynamic_ncols=True)
-    for corruption, severity in todo:
-        bar.set_postfix_str(f'{corruption} {severity}' if severity else corruption)
-        loader = cell_dataloader(cfg, None if corruption == CLEAN else corruption, severity,
-                                 seed, bgr_compat, corrupted_root)
+    def metric_cfgs(cell: Tuple[str, int]) -> Tuple[Any, List[Dict]]:
+        """The evaluator config of a cell and its metric configs, in the evaluator's order."""
         evaluator = copy.deepcopy(cell_evaluator)  # NOTE: a fresh metric for every cell
         if save_predictions:
             evaluator = list(evaluator) if isinstance(evaluator, (list, tuple)) else [evaluator]
             evaluator.append(dict(type='DumpResults', out_file_path=osp.join(
-                save_predictions, f'{corruption}_{severity}.pkl')))
-        start = time.perf_counter()
-        loop = TestLoop(runner, loader, evaluator)
-        metrics = loop.run()
-        timing = {'wall_s': round(time.perf_counter() - start, 3),
-                  **_loading_share(runner, len(loop.dataloader))}
+                save_predictions, f'{cell[0]}_{cell[1]}.pkl')))
+        return evaluator, _metric_entries(evaluator)
+
+    bar = tqdm(total=len(plan.infer) + len(plan.saved), unit='cell', dynamic_ncols=True,
+               disable=not progress or rank != 0, desc=f'{protocol.name}')
+    in_flight: deque = deque()
+    worker = MetricWorker(cfg.get('default_scope')) if metric_queue and rank == 0 else None
+
+    def record(cell: Tuple[str, int], metrics: Dict, timing: Dict, path: Optional[str]) -> None:
+        assert results is not None
         if backends:
             timing['metric_backend'] = ', '.join(backends)
-        if rank == 0:
-            results.record(corruption, severity, _numeric(metrics), timing)
+        # NOTE: this run's seconds on the cell: its inference and the wait for its metric
+        timing['wall_s'] = round((0.0 if timing.get('resumed_from_predictions') else
+                                  timing.get('inference_s', 0.0)) + timing['wait_s'], 3)
+        results.record(*cell, _numeric(metrics), timing)
+        if path and osp.exists(path):
+            os.remove(path)  # NOTE: only once the metrics are in the results file
+        shown = ', '.join(f'{k}: {v:.4f}' for k, v in _numeric(metrics).items()
+                          if k.endswith(('bbox_mAP', 'segm_mAP', 'mIoU')))
+        print_log(f'{cell[0]} {cell[1]}: {shown or "recorded"} (metric {timing["metric_s"]} s, '
+                  f'the loop waited {timing["wait_s"]} s)', logger='current')
         bar.update(1)
-    bar.close()
+
+    def settle(block: bool) -> None:
+        """Record the finished metrics in order; ``block``: wait for the oldest one."""
+        while in_flight and (block or in_flight[0].future.done()):
+            job = in_flight.popleft()
+            start = time.perf_counter()
+            try:
+                metrics, seconds, saved_timing = job.future.result()
+            except BrokenProcessPool as err:
+                raise MetricWorkerError(
+                    f'the metric worker died while computing the metrics of cell {job.cell[0]} '
+                    f'{job.cell[1]}; its predictions are kept in {job.path}. Rerun the same '
+                    'command: it resumes and computes the metric of that cell from them, '
+                    'without inference.') from err
+            except Exception as err:
+                raise MetricWorkerError(
+                    f'the metric of cell {job.cell[0]} {job.cell[1]} failed in the metric worker '
+                    f'({type(err).__name__}: {err}); its predictions are kept in {job.path}, '
+                    'and a rerun computes the metric from them.') from err
+            job.timing = {**saved_timing, **job.timing, 'metric_s': round(seconds, 3)}
+            job.timing['wait_s'] = round(job.timing.get('wait_s', 0.0)
+                                         + time.perf_counter() - start, 3)
+            record(job.cell, metrics, job.timing, job.path)
+            block = False
+
+    def hand_over(cell: Tuple[str, int], path: str, timing: Dict) -> None:
+        """Queue a cell's saved predictions for the worker, waiting while K are in flight."""
+        assert worker is not None
+        while len(in_flight) >= metric_queue:
+            settle(block=True)
+        try:
+            future = worker.submit(path, metric_cfgs(cell)[1])
+        except BrokenProcessPool:
+            while in_flight:  # NOTE: names the cell the worker held when it died
+                settle(block=True)
+            raise MetricWorkerError(
+                f'the metric worker died before it took cell {cell[0]} {cell[1]}; its '
+                f'predictions are kept in {path}. Rerun the same command: it resumes from them '
+                'without inference.') from None
+        in_flight.append(_InFlight(cell, path, future, timing))
+
+    try:
+        for cell, path in plan.saved.items():  # rank 0 only: a killed run's cells
+            if worker is not None:
+                hand_over(cell, path, {'resumed_from_predictions': True})
+                continue
+            start = time.perf_counter()
+            payload = load_cell_predictions(path)
+            built = runner.build_evaluator(metric_cfgs(cell)[0]).metrics
+            metrics = compute_metrics(built, payload['parts'], payload['dataset_meta'])
+            seconds = round(time.perf_counter() - start, 3)
+            record(cell, metrics, {**payload['timing'], 'resumed_from_predictions': True,
+                                   'metric_s': seconds, 'wait_s': seconds}, path)
+
+        for cell in plan.infer:
+            bar.set_postfix_str((f'{cell[0]} {cell[1]}' if cell[1] else cell[0])
+                                + (f', metrics in flight: {len(in_flight)}' if worker else ''))
+            loader = cell_dataloader(cfg, None if cell[0] == CLEAN else cell[0], cell[1], seed,
+                                     bgr_compat, corrupted_root)
+            start = time.perf_counter()
+            loop = InferenceLoop(runner, loader, metric_cfgs(cell)[0])
+            parts = loop.run()
+            timing = {'inference_s': round(time.perf_counter() - start, 3),
+                      **_loading_share(runner, len(loop.dataloader))}
+            if rank != 0:
+                continue
+            assert parts is not None and results is not None
+            if worker is None:  # serial: today's order, the metric right after inference
+                start = time.perf_counter()
+                metrics = compute_metrics(loop.evaluator.metrics, parts)
+                timing['metric_s'] = timing['wait_s'] = round(time.perf_counter() - start, 3)
+                record(cell, metrics, timing, None)
+                continue
+            path = predictions_path(folder, *cell)
+            save_cell_predictions(path, identity_sha256(results.identity), *cell, parts,
+                                  loop.evaluator.dataset_meta, timing)
+            del parts
+            hand_over(cell, path, timing)
+            settle(block=False)
+        while in_flight:
+            settle(block=True)
+    except BaseException:
+        if worker is not None:
+            worker.close(cancel=True)
+        raise
+    finally:
+        bar.close()
+    if worker is not None:
+        worker.close()
+    if rank == 0 and osp.isdir(folder) and not os.listdir(folder):
+        os.rmdir(folder)
     barrier()
-    if rank == 0 and not todo:
+    if rank == 0 and not plan.infer and not plan.saved:
+        assert results is not None
         results.save()
-    return results.data
+    return results.data if results is not None else {}

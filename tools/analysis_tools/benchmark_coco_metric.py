@@ -9,6 +9,10 @@ backend is what mmdet's CocoMetric does for a cell after inference, for bbox and
 parse the ground truth, ``loadRes``, ``evaluate``, ``accumulate``, ``summarize``. The backends
 take their steps in turn (interleaved; ratios are the median and range of per-round ratios to
 pycocotools), and the first round checks that every backend's 12 numbers equal pycocotools'.
+
+Before that, the part of the metric inside the test loop: run-length encoding each image's masks
+(`--per-image` full-size masks, ellipses in the detections' boxes, as a Mask R-CNN pastes them),
+mmdet's `encode_mask_results` against mmrobust's `encode_masks`, interleaved, checked identical.
 """
 import sys
 from pathlib import Path
@@ -50,8 +54,50 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--backends', nargs='+', default=list(COCO_BACKENDS),
                         choices=list(COCO_BACKENDS), help='pycocotools is always included')
     parser.add_argument('--rounds', type=int, default=3, help='timed rounds (default 3)')
+    parser.add_argument('--encode-images', type=int, default=20,
+                        help='images whose masks are encoded per round (default 20)')
     parser.add_argument('--seed', type=int, default=0)
     return parser.parse_args()
+
+
+def instance_masks(dets: List[Dict], gt: Dict, images: int) -> List[np.ndarray]:
+    """Full-size bool masks of the first `images` images' detections: an ellipse in each box."""
+    import cv2
+    sizes = {img['id']: (img['height'], img['width']) for img in gt['images']}
+    out = []
+    for d in dets[:images]:
+        h, w = sizes[d['img_id']]
+        masks = np.zeros((len(d['bboxes']), h, w), np.uint8)
+        for mask, (x1, y1, x2, y2) in zip(masks, d['bboxes']):
+            cv2.ellipse(mask, (int((x1 + x2) / 2), int((y1 + y2) / 2)),
+                        (max(1, int((x2 - x1) / 2)), max(1, int((y2 - y1) / 2))), 0, 0, 360, 1,
+                        -1)
+        out.append(masks.astype(bool))
+    return out
+
+
+def benchmark_encoding(masks: List[np.ndarray], rounds: int) -> None:
+    """mmdet's per-mask RLE against :func:`encode_masks`, interleaved; identical output."""
+    import torch
+    from mmdet.structures.mask import encode_mask_results
+
+    from mmrobust.evaluation.mask_rle import encode_masks
+    tensors = [torch.from_numpy(m) for m in masks]  # NOTE: what process() receives
+    if any(encode_masks(t) != encode_mask_results(t.numpy()) for t in tensors):
+        raise SystemExit('encode_masks differs from pycocotools')
+    cases = {'mmdet encode_mask_results': lambda: [encode_mask_results(t.detach().cpu().numpy())
+                                                   for t in tensors],
+             'mmrobust encode_masks': lambda: [encode_masks(t) for t in tensors]}
+    times = interleave(cases, rounds=rounds, warmup=1)
+    n = len(masks)
+    print(f'\n| mask RLE in the loop ({n} images x {len(masks[0])} masks of '
+          f'{masks[0].shape[1]}x{masks[0].shape[2]}) | ms per image | mmdet / this |')
+    print('|---|---|---|')
+    base = times['mmdet encode_mask_results']
+    for name, values in times.items():
+        per_image = {k: v * 1000 / n for k, v in summary(values).items()}
+        print(f'| {name} | {fmt_range(per_image, ".1f")} | '
+              f'{fmt_range(ratio_summary(base, values))}x |', flush=True)
 
 
 def evaluate(backend: str, gt_file: str, results: Dict[str, List[Dict]]) -> np.ndarray:
@@ -87,6 +133,8 @@ def main() -> None:
     print(f'synthetic set: {len(gt["annotations"])} objects, '
           f'{sum(len(r) for r in results.values())} detections in '
           f'{time.perf_counter() - start:.0f} s', flush=True)
+    if args.encode_images and 'segm' in args.iou_types:
+        benchmark_encoding(instance_masks(dets, gt, args.encode_images), args.rounds)
 
     with tempfile.TemporaryDirectory() as tmp:
         gt_file = os.path.join(tmp, 'gt.json')

@@ -1,0 +1,216 @@
+"""A cell's metric computed beside the next cell's inference, from predictions saved on disk.
+
+The robustness loop (:func:`~mmrobust.evaluation.robustness.evaluate_robustness`) runs a cell's
+inference with :class:`InferenceLoop`: mmengine's ``TestLoop`` up to and including each metric's
+per-batch ``process`` and the gathering of its results to rank 0, but without the metric's
+``compute_metrics``. Rank 0 writes the gathered results to a predictions file next to the results
+file (atomically) and hands the file to a :class:`MetricWorker`, a separate process (Python's GIL
+would otherwise slow the loop), while every rank goes on with the next cell. The file is removed
+only after the cell's metrics are in the results file, so a run killed during a metric resumes
+from it without inference.
+"""
+import json
+import os
+import os.path as osp
+import pickle
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from mmengine.dist import collect_results, get_dist_info
+from mmengine.evaluator.metric import _to_cpu
+from mmengine.logging import print_log
+from mmengine.runner import TestLoop
+
+from ..utils.io import TMP_MARK, atomic_write
+
+__all__ = ['PREDICTIONS_FORMAT', 'InferenceLoop', 'MetricWorker', 'MetricWorkerError',
+           'compute_metrics', 'load_cell_predictions', 'predictions_dir', 'predictions_path',
+           'save_cell_predictions', 'saved_cells']
+
+PREDICTIONS_FORMAT = 'mmrobust-cell-predictions/1'
+#: Test hook: seconds the metric worker sleeps before each cell (to kill a run mid-metric).
+DELAY_ENV = 'MMROBUST_METRIC_WORKER_DELAY_S'
+
+
+class MetricWorkerError(RuntimeError):
+    """The metric worker died, or its metric failed, while computing a cell."""
+
+
+# -- inference without the metric's computation ----------------------------------------------------
+
+class InferenceLoop(TestLoop):
+    """mmengine's ``TestLoop`` whose :meth:`run` stops before ``compute_metrics``.
+
+    Every rank runs the batches and each metric's ``process`` (as ``TestLoop`` does), then each
+    metric's results are gathered to rank 0 (``collect_results``, every rank takes part).
+
+    Returns (from :meth:`run`): on rank 0 the gathered results, one list per metric of the
+    evaluator, in order; ``None`` on the other ranks.
+    """
+
+    def run(self) -> Optional[List[list]]:  # type: ignore[override]
+        self.runner.call_hook('before_test')
+        self.runner.call_hook('before_test_epoch')
+        self.runner.model.eval()
+        self.test_loss.clear()
+        for idx, data_batch in enumerate(self.dataloader):
+            self.run_iter(idx, data_batch)
+        size = len(self.dataloader.dataset)
+        parts = [_gather(metric, size) for metric in self.evaluator.metrics]
+        # NOTE: the metrics are logged when they are recorded, maybe a cell later
+        self.runner.call_hook('after_test_epoch', metrics={})
+        self.runner.call_hook('after_test')
+        return parts if get_dist_info()[0] == 0 else None
+
+
+def _gather(metric: Any, size: int) -> Optional[list]:
+    """``BaseMetric.evaluate`` up to ``compute_metrics``: the results of every rank on rank 0."""
+    if not metric.results:
+        print_log(f'{type(metric).__name__} got no results from `process`.', logger='current',
+                  level=30)
+    if metric.collect_device == 'cpu':
+        results = collect_results(metric.results, size, 'cpu', tmpdir=metric.collect_dir)
+    else:
+        results = collect_results(metric.results, size, metric.collect_device)
+    metric.results.clear()
+    return _to_cpu(results) if get_dist_info()[0] == 0 else None
+
+
+# -- the predictions of a cell on disk -------------------------------------------------------------
+
+def predictions_dir(results_path: str) -> str:
+    """``<results stem>_predictions/`` next to the results file: the cells whose metrics are
+    not recorded yet."""
+    return f'{osp.splitext(osp.abspath(results_path))[0]}_predictions'
+
+
+def predictions_path(folder: str, corruption: str, severity: int) -> str:
+    return osp.join(folder, f'{corruption}_{severity}.pkl')
+
+
+def save_cell_predictions(path: str, identity_sha256: str, corruption: str, severity: int,
+                          parts: Sequence[list], dataset_meta: Optional[Mapping],
+                          timing: Mapping) -> None:
+    """Write a cell's gathered metric inputs atomically (flushed to disk before it is used)."""
+    payload = {'format': PREDICTIONS_FORMAT, 'identity_sha256': identity_sha256,
+               'cell': [corruption, int(severity)], 'parts': list(parts),
+               'dataset_meta': dict(dataset_meta or {}), 'timing': dict(timing)}
+    with atomic_write(path, 'wb') as f:
+        pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def load_cell_predictions(path: str) -> Dict:
+    """A predictions file this package wrote (checked by its format), as a dict."""
+    with open(path, 'rb') as f:
+        payload = pickle.load(f)  # NOTE: written by this run or the run it resumes (format below)
+    if not isinstance(payload, dict) or payload.get('format') != PREDICTIONS_FORMAT:
+        raise ValueError(f'{path} is not a predictions file of {PREDICTIONS_FORMAT}')
+    return payload
+
+
+def saved_cells(folder: str, identity_sha256: str) -> Tuple[Dict[Tuple[str, int], str],
+                                                            List[str]]:
+    """The predictions files in ``folder``: ``({(corruption, severity): path}, foreign)``, where
+    ``foreign`` lists files of another evaluation (or unreadable) that must not be used."""
+    found: Dict[Tuple[str, int], str] = {}
+    foreign: List[str] = []
+    if not osp.isdir(folder):
+        return found, foreign
+    for name in sorted(os.listdir(folder)):
+        path = osp.join(folder, name)
+        if TMP_MARK in name or not name.endswith('.pkl'):
+            continue
+        try:
+            payload = load_cell_predictions(path)
+        except (OSError, EOFError, ValueError, pickle.UnpicklingError, AttributeError,
+                ImportError) as err:
+            print_log(f'{path} cannot be read ({type(err).__name__}: {err})', logger='current',
+                      level=30)
+            foreign.append(path)
+            continue
+        if payload['identity_sha256'] != identity_sha256:
+            foreign.append(path)
+            continue
+        corruption, severity = payload['cell']
+        found[corruption, int(severity)] = path
+    return found, foreign
+
+
+# -- computing the metrics -------------------------------------------------------------------------
+
+_BUILT: Dict[str, Any] = {}  # metric config (JSON) -> built metric, per process
+
+
+def _metric(cfg: Mapping, scope: Optional[str]) -> Any:
+    """The metric of ``cfg``, built once per process (a COCO metric parses its annotations once)."""
+    from mmengine.registry import METRICS, init_default_scope
+    key = json.dumps(cfg, sort_keys=True, default=str)
+    if key not in _BUILT:
+        import mmrobust  # noqa: F401  (registers mmrobust's metrics in a fresh worker)
+        if scope:
+            init_default_scope(scope)
+        _BUILT[key] = METRICS.build(dict(cfg))
+    return _BUILT[key]
+
+
+def compute_metrics(metrics: Sequence[Any], parts: Sequence[list],
+                    dataset_meta: Optional[Mapping] = None) -> Dict[str, Any]:
+    """The metrics of one cell from its gathered results (one list per metric), named as
+    ``Evaluator.evaluate`` names them (with each metric's ``prefix``)."""
+    out: Dict[str, Any] = {}
+    for metric, results in zip(metrics, parts):
+        if dataset_meta is not None:
+            metric.dataset_meta = dict(dataset_meta)
+        values = metric.compute_metrics(results)
+        if metric.prefix:
+            values = {f'{metric.prefix}/{k}': v for k, v in values.items()}
+        clash = sorted(set(values) & set(out))
+        if clash:
+            raise ValueError(f'several metrics give {clash}: give the metrics different prefixes')
+        out.update(values)
+    return out
+
+
+def _compute_file(path: str, metric_cfgs: Sequence[Mapping], scope: Optional[str]
+                  ) -> Tuple[Dict[str, Any], float, Dict[str, Any]]:
+    """The worker's task: a cell's metrics from its predictions file, the seconds it took and
+    the timing of the cell's inference saved with the predictions."""
+    delay = float(os.environ.get(DELAY_ENV) or 0)
+    if delay:
+        time.sleep(delay)
+    start = time.perf_counter()
+    payload = load_cell_predictions(path)
+    metrics = compute_metrics([_metric(cfg, scope) for cfg in metric_cfgs], payload['parts'],
+                              payload['dataset_meta'])
+    return metrics, time.perf_counter() - start, payload['timing']
+
+
+class MetricWorker:
+    """One process that computes cells' metrics from their predictions files, in order.
+
+    ``submit`` returns a future of ``(metrics, seconds, inference timing)`` computed by the
+    metrics of ``metric_cfgs`` (built once per config in the worker). The process starts on the
+    first submit (``spawn``: no fork of a process holding CUDA or torch threads). A worker that
+    dies fails its future and every later one (``BrokenProcessPool``), so nothing waits on it.
+    """
+
+    def __init__(self, scope: Optional[str]) -> None:
+        self.scope = scope
+        self._pool: Optional[ProcessPoolExecutor] = None
+
+    def submit(self, path: str, metric_cfgs: Sequence[Mapping]) -> Future:
+        if self._pool is None:
+            import multiprocessing
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn'))
+        return self._pool.submit(_compute_file, path, [dict(c) for c in metric_cfgs],
+                                 self.scope)
+
+    def close(self, cancel: bool = False) -> None:
+        """Stop the process (``cancel``: without finishing queued cells)."""
+        if self._pool is not None:
+            if cancel:
+                for proc in list((getattr(self._pool, '_processes', None) or {}).values()):
+                    proc.terminate()  # NOTE: a stop mid-metric must not wait for the metric
+            self._pool.shutdown(wait=True, cancel_futures=cancel)
+            self._pool = None

@@ -1,0 +1,151 @@
+"""The metric beside the next cell's inference: saved predictions, resuming, a dying worker, the
+plan rank 0 broadcasts, and the results file's module."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mmengine.config import Config
+from test_robustness import NO_WORKERS, SEG_CFG, _cells, _init_checkpoint
+
+from mmrobust.evaluation import RESULTS_FORMAT, load_results
+from mmrobust.evaluation.background import (
+    DELAY_ENV,
+    predictions_path,
+    save_cell_predictions,
+    saved_cells,
+)
+from mmrobust.utils.io import TMP_MARK
+
+from conftest import REPO, descendants, run_tool
+
+CELLS = ['--corruptions', 'snow', '--severities', '2']
+
+
+def test_saved_predictions_of_another_evaluation_are_not_used(tmp_path):
+    for name, identity in (('clean', 'a'), ('fog', 'b')):
+        save_cell_predictions(predictions_path(str(tmp_path), name, 1), identity, name, 1,
+                              [[{'x': 1}]], {'classes': ('a', )}, {'inference_s': 1.0})
+    (tmp_path / f'snow_1.pkl{TMP_MARK}123').write_bytes(b'half a file')
+    (tmp_path / 'broken_1.pkl').write_bytes(b'not a pickle')
+    found, foreign = saved_cells(str(tmp_path), 'a')
+    assert found == {('clean', 1): str(tmp_path / 'clean_1.pkl')}
+    assert sorted(Path(p).name for p in foreign) == ['broken_1.pkl', 'fog_1.pkl']
+
+
+def test_results_are_read_with_their_format_checked(tmp_path):
+    path = tmp_path / 'r.json'
+    path.write_text(json.dumps({'format': RESULTS_FORMAT, 'cells': {
+        'clean': {'0': {'mIoU': 0.5}}, 'fog': {'3': {'mIoU': 0.4}}}}))
+    assert load_results(str(path))['cells'] == {'clean': {0: {'mIoU': 0.5}},
+                                                'fog': {3: {'mIoU': 0.4}}}
+    path.write_text(json.dumps({'format': 'mmrobust-robustness/9', 'cells': {}}))
+    with pytest.raises(ValueError, match="format 'mmrobust-robustness/9'.*reads"):
+        load_results(str(path))
+
+
+def test_every_rank_gets_rank0s_plan_and_its_error(monkeypatch):
+    """Rank 0 alone reads the results file; the others take its plan, or raise its error,
+    instead of planning from their own view of the file or waiting in a collective."""
+    from mmrobust.evaluation import robustness
+    from mmrobust.utils.io import ResultsMismatchError
+    sent = robustness._Plan(infer=[('clean', 0), ('fog', 3)])
+
+    def from_rank0(box):
+        box[0] = sent
+    monkeypatch.setattr(robustness, 'get_dist_info', lambda: (1, 2))
+    monkeypatch.setattr(robustness, 'broadcast_object_list', from_rank0)
+    assert robustness._broadcast_plan(None).infer == [('clean', 0), ('fog', 3)]
+    sent = robustness._Plan(infer=[], error=ResultsMismatchError('r.json holds another'))
+    with pytest.raises(ResultsMismatchError, match='holds another'):
+        robustness._broadcast_plan(None)
+
+
+def _start(args, env):
+    """A tool run in its own process group (so the test can kill it and its worker at once)."""
+    return subprocess.Popen(
+        [sys.executable, str(REPO / 'tools' / 'test_robustness.py'), *map(str, args)],
+        cwd=REPO, env={**os.environ, 'PYTHONPATH': str(REPO), **env}, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(condition, proc, what: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f'the run ended (exit {proc.returncode}) before {what}:\n{err[-3000:]}')
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            pytest.fail(f'no {what} after {timeout} s')
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_killed_run_and_dead_worker_resume_without_inference(toy_data, tmp_path, monkeypatch):
+    ckpt = _init_checkpoint(SEG_CFG, tmp_path / 'seg.pth')
+    serial = tmp_path / 'serial.json'
+    run_tool('test_robustness.py', SEG_CFG, ckpt, *CELLS, '--results', serial, '--work-dir',
+             tmp_path / 'w0', '--metric-queue', '0', *NO_WORKERS)
+
+    results = tmp_path / 'bg.json'
+    saved = [tmp_path / 'bg_predictions' / 'clean_0.pkl',
+             tmp_path / 'bg_predictions' / 'snow_2.pkl']
+    args = [SEG_CFG, ckpt, *CELLS, '--results', results, '--work-dir', tmp_path / 'w1',
+            *NO_WORKERS]
+    slow = {DELAY_ENV: '600'}  # the worker sleeps before each cell: killed mid-metric
+
+    # 1. kill -9 (the whole job, as a scheduler does) while the metrics are in flight
+    proc = _start(args, slow)
+    _wait_for(lambda: all(p.is_file() for p in saved), proc, 'predictions of both cells')
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    assert not results.exists() or not _cells(results)  # nothing recorded, both cells saved
+    assert all(p.is_file() for p in saved)
+
+    # 2. the rerun hands both cells to the worker, which dies: the run stops and says so
+    proc = _start(args, slow)
+
+    def worker_started():
+        return any('spawn_main' in cmd for cmd in descendants(proc.pid).values())
+    _wait_for(worker_started, proc, 'a metric worker')
+    for pid, cmd in descendants(proc.pid).items():
+        if 'spawn_main' in cmd:
+            os.kill(pid, signal.SIGKILL)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail('the run waits on a dead metric worker')
+    assert proc.returncode != 0
+    assert 'the metric worker died while computing the metrics of cell clean 0' in err
+    assert 'Rerun the same command' in err and str(saved[0]) in err
+    assert all(p.is_file() for p in saved)
+
+    # 3. the next rerun computes both metrics from the saved predictions: no forward at all
+    from mmrobust.apis import apply_common_args, apply_test_args, build_runner
+    from mmrobust.corruptions import resolve_protocol
+    from mmrobust.evaluation import evaluate_robustness
+    cfg = Config.fromfile(str(REPO / SEG_CFG))
+    cfg = apply_common_args(cfg, str(REPO / SEG_CFG), 'none', str(tmp_path / 'w3'),
+                            {'test_dataloader.num_workers': 1,
+                             'test_dataloader.persistent_workers': False})
+    cfg = apply_test_args(cfg, str(ckpt), None, False, None, 0, False)
+    runner = build_runner(cfg, ('test_dataloader', ))
+    runner.call_hook('before_run')
+    runner.load_or_resume()
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError('the model ran, though the predictions were saved')
+    monkeypatch.setattr(runner.model, 'test_step', no_forward)
+    data = evaluate_robustness(runner, cfg, resolve_protocol(None, ['snow'], [2]), str(results),
+                               checkpoint=str(ckpt), progress=False)
+    assert data['cells'] == _cells(serial)
+    assert data['timing']['snow']['2']['resumed_from_predictions'] is True
+    assert data['timing']['snow']['2']['inference_s'] > 0  # measured by the killed run
+    assert not saved[0].parent.exists()
