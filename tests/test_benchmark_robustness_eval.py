@@ -13,10 +13,10 @@ def test_benchmark_prints_the_table_for_every_configuration(tmp_path):
     proc = run_tool('analysis_tools/benchmark_robustness_eval.py', '--n', '6', '--cells', '1',
                     '--rates', '400', '--workers', '0', '--work-dir', tmp_path / 'work',
                     '--configurations', 'serial-pycocotools', 'serial-faster',
-                    'background-faster', '--out', out_json)
+                    'background-faster', 'one-pass', '--out', out_json)
     lines = proc.stdout.splitlines()
     assert any(line.startswith('| configuration | images/s |') for line in lines), proc.stdout
-    for name in ('serial-pycocotools', 'serial-faster', 'background-faster'):
+    for name in ('serial-pycocotools', 'serial-faster', 'background-faster', 'one-pass'):
         rows = [line for line in lines if line.startswith(f'| {name} | 400 |')]
         assert len(rows) == 1, proc.stdout
         assert rows[0].split('|')[6].strip().endswith('x')  # full / max(i, ii)

@@ -188,7 +188,8 @@ def test_detector_on_the_fly_stored_resume_and_report(toy_data, trained_toy_dete
     fly.write_text(json.dumps(interrupted))
     proc = run_tool('test_robustness.py', DET_CFG, ckpt, *CELLS, '--results', fly,
                     '--work-dir', tmp_path / 'w3', *DET_OPTIONS)
-    assert '3/3' in proc.stderr  # the progress bar counted the 3 missing cells only
+    # one progress line (not a terminal) counted the 3 missing cells' 12 images only
+    assert 'custom: 36/36 images (100%)' in proc.stderr
     resumed = json.loads(fly.read_text())
     assert resumed['cells'] == data['cells']
     for corruption, by_severity in kept_timing.items():
@@ -224,8 +225,8 @@ def test_segmentor_on_the_fly_equals_stored(toy_data, tmp_path):
              '--workers', '2', '--no-progress')
     run_tool('test_robustness.py', SEG_CFG, ckpt, *cells, '--results', stored, '--work-dir',
              tmp_path / 'w2', '--corrupted-root', tmp_path / 'cs-c', '--save-predictions',
-             tmp_path / 'p2', '--metric-queue', '0', *NO_WORKERS)
-    # on the fly with background metrics = stored with serial metrics
+             tmp_path / 'p2', '--metric-queue', '0', '--per-cell-loaders', *NO_WORKERS)
+    # on the fly, one dataloader, background metrics = stored, a dataloader per cell, serial
     assert _cells(fly) == _cells(stored)
     assert set(_cells(fly)['snow']['2']) >= {'mIoU', 'mAcc', 'aAcc'}
     assert _same_predictions(tmp_path / 'p1' / 'snow_2.pkl', tmp_path / 'p2' / 'snow_2.pkl')
@@ -233,13 +234,13 @@ def test_segmentor_on_the_fly_equals_stored(toy_data, tmp_path):
 
 
 def test_two_processes_match_one(toy_data, trained_toy_detector, tmp_path):
-    """--launcher pytorch (2 CPU processes, background metrics) gives the numbers of a single
-    process (serial metrics)."""
+    """--launcher pytorch (2 CPU processes, one dataloader, background metrics) gives the numbers
+    of a single process (a dataloader per cell, serial metrics)."""
     ckpt = trained_toy_detector / 'iter_300.pth'
     cells = ['--corruptions', 'contrast', '--severities', '5']
-    single = tmp_path / 'one.json'  # serial metrics; the 2-process run computes them beside
+    single = tmp_path / 'one.json'  # the loop before the one-pass loader and the background
     run_tool('test_robustness.py', DET_CFG, ckpt, *cells, '--results', single, '--work-dir',
-             tmp_path / 'w1', '--metric-queue', '0', *DET_OPTIONS)
+             tmp_path / 'w1', '--metric-queue', '0', '--per-cell-loaders', *DET_OPTIONS)
     double = tmp_path / 'two.json'
     run_cmd(['bash', REPO / 'tools/dist_test.sh', DET_CFG, ckpt, '2', *cells, '--results',
              double, '--work-dir', tmp_path / 'w2', *DET_OPTIONS],

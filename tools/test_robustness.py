@@ -6,7 +6,9 @@
     python tools/test_robustness.py CONFIG CKPT --corruptions fog snow --severities 3 5
     TOOL=test_robustness.py bash tools/dist_test.sh CONFIG CKPT 8 --protocol benchmark
 
-The model is built and the checkpoint loaded once. A cell's metric is computed by a worker
+The model is built and the checkpoint loaded once, the test dataset once: one dataloader serves
+every cell (its workers live through the protocol; the cell reaches them as data), with one
+progress bar in images for the whole protocol. A cell's metric is computed by a worker
 process while the next cells infer (--metric-queue K cells at most; 0: serial), from predictions
 saved in <results stem>_predictions/ until the cell is recorded. After every cell the results JSON
 (default: WORK_DIR/robustness_<protocol>.json) is rewritten atomically, and rerunning the same
@@ -80,6 +82,9 @@ def parse_args() -> argparse.Namespace:
                              'infer, at most K cells in flight (their predictions are saved '
                              'next to the results file until recorded, so a killed run resumes '
                              f'without inference); 0: serial (default: {DEFAULT_METRIC_QUEUE})')
+    parser.add_argument('--per-cell-loaders', action='store_true',
+                        help='build the test dataset and its dataloader anew for every cell (the '
+                             'loop before the one-pass loader; the same inputs, slower)')
     parser.add_argument('--work-dir', help='logs and the default results file go here')
     add_launch_args(parser)
     return parse_launch_args(parser)
@@ -103,7 +108,8 @@ def main() -> None:
             runner, cfg, protocol, results_path, seed=args.seed, bgr_compat=args.bgr_compat,
             corrupted_root=args.corrupted_root, checkpoint=args.checkpoint,
             save_predictions=args.save_predictions, partial_load=args.allow_partial_load,
-            coco_backend=args.coco_backend, metric_queue=args.metric_queue)
+            coco_backend=args.coco_backend, metric_queue=args.metric_queue,
+            one_pass=not args.per_cell_loaders)
         runner.call_hook('after_run')
         if runner.rank == 0:
             label = osp.splitext(osp.basename(args.config))[0]

@@ -8,9 +8,9 @@ from .toy_data import (
     make_toy_cityscapes,
     make_toy_coco,
 )
-from .transforms import Corrupt
+from .transforms import Corrupt, CorruptCell
 
-__all__ = ['Corrupt', 'CITYSCAPES_CLASSES', 'CITYSCAPES_PALETTE', 'ImageCrops', 'ImageCropsDataset',
-           'TOY_COCO_CLASSES',
+__all__ = ['Corrupt', 'CorruptCell', 'CITYSCAPES_CLASSES', 'CITYSCAPES_PALETTE', 'ImageCrops',
+           'ImageCropsDataset', 'TOY_COCO_CLASSES',
            'TOY_DATASETS', 'dataset_image_paths', 'generate_toy_dataset', 'make_toy_cityscapes',
            'make_toy_coco']

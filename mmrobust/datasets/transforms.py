@@ -73,3 +73,41 @@ class Corrupt(BaseTransform):
         return (f'{self.__class__.__name__}(corruption={self.corruption!r}, '
                 f'severity={self.severity}, seed={self.seed}, '
                 f'channel_order={self.channel_order!r}, bgr_compat={self.bgr_compat})')
+
+
+#: The key of a sample's data info that names its robustness cell, ``(corruption, severity)``.
+CELL_KEY = 'robustness_cell'
+
+
+@TRANSFORMS.register_module()
+class CorruptCell(BaseTransform):
+    """``Corrupt`` by the cell a sample carries (``results[CELL_KEY]``; none: left clean).
+
+    The one-pass robustness loop builds the test dataset once, with this step where ``Corrupt``
+    would go, and hands every sample its cell as data, so the dataloader workers serve every cell
+    of a protocol. Each cell's images are those of ``Corrupt(corruption, severity, seed, ...)``
+    (the same seeds, the same bytes).
+
+    Args:
+        seed, channel_order, bgr_compat: as ``Corrupt``'s, for every cell.
+    """
+
+    def __init__(self, seed: int = 0, channel_order: str = 'bgr',
+                 bgr_compat: bool = False) -> None:
+        self.seed, self.channel_order, self.bgr_compat = int(seed), channel_order, bgr_compat
+        self._steps: Dict[tuple, Corrupt] = {}
+
+    def transform(self, results: Dict) -> Dict:
+        cell = results.pop(CELL_KEY, None)
+        if cell is None:
+            return results
+        corruption, severity = cell
+        if (corruption, severity) not in self._steps:
+            self._steps[corruption, severity] = Corrupt(
+                corruption, severity, seed=self.seed, channel_order=self.channel_order,
+                bgr_compat=self.bgr_compat)
+        return self._steps[corruption, severity].transform(results)
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}(seed={self.seed}, '
+                f'channel_order={self.channel_order!r}, bgr_compat={self.bgr_compat})')

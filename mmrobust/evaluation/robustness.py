@@ -1,10 +1,13 @@
 """Corruption-robustness evaluation of any mmdet / mmseg config: every cell, one model, resumable.
 
 ``evaluate_robustness`` evaluates the clean test set and each (corruption, severity) cell of a
-protocol with a runner whose model and checkpoint are loaded once. A cell's images are corrupted
-on the fly (the ``Corrupt`` transform right after the image-loading step, in the dataloader
-workers) or read from a corrupted copy written by ``tools/make_corrupted.py``. After every cell
-the results file is rewritten atomically; a rerun with the same identity skips finished cells.
+protocol with a runner whose model and checkpoint are loaded once, from one dataloader whose
+dataset is built once (:mod:`.one_pass`; a dataloader per cell where one cannot serve them all).
+A cell's images are corrupted on the fly (in the dataloader workers, right after the
+image-loading step) or read from a corrupted copy written by ``tools/make_corrupted.py``. Each
+cell's metric runs in a worker process beside the next cells' inference (:mod:`.background`).
+After every cell the results file (:mod:`.results`) is rewritten atomically; a rerun with the
+same identity skips finished cells and computes the metrics of saved predictions.
 """
 import copy
 import hashlib
@@ -26,11 +29,13 @@ from mmengine.logging import print_log
 from ..corruptions import Protocol
 from ..utils.config_checks import leaf_datasets
 from ..utils.io import TMP_MARK, FileLockedError, exclusive_lock
+from ..utils.progress import Progress
 from ..version import __version__
 from .background import (
     InferenceLoop,
     MetricWorker,
     MetricWorkerError,
+    _gather,
     compute_metrics,
     load_cell_predictions,
     predictions_dir,
@@ -45,6 +50,7 @@ from .coco_metric import (
     without_backend,
 )
 from .metrics import CLEAN
+from .one_pass import OnePassUnsupported, one_pass_loader
 from .results import RobustnessResults, file_sha256, identity_sha256
 from .seg_metric import use_fast_iou
 
@@ -224,7 +230,7 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
                         checkpoint: str = '', save_predictions: Optional[str] = None,
                         progress: bool = True, partial_load: bool = False,
                         coco_backend: Optional[str] = None,
-                        metric_queue: int = DEFAULT_METRIC_QUEUE) -> Dict:
+                        metric_queue: int = DEFAULT_METRIC_QUEUE, one_pass: bool = True) -> Dict:
     """Evaluate the clean set and every cell of ``protocol``; returns the results dict (rank 0;
     an empty dict on the other ranks).
 
@@ -237,13 +243,15 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     predictions while the next cells infer, at most K cells in flight (the loop waits when the
     worker falls behind); K = 0 computes each cell's metric right after its inference. Each
     cell's timing records ``inference_s``, ``metric_s`` and ``wait_s`` (how long the loop
-    waited for that metric).
+    waited for that metric); the run's ``time`` where this run's time went.
+
+    ``one_pass`` (default) serves every cell from one dataloader (the dataset built once, its
+    workers kept; the same inputs as a dataloader per cell, which ``one_pass=False`` builds).
 
     Raises:
         MetricWorkerError: the metric worker died or its metric failed; the cell's predictions
             are kept and a rerun resumes from them.
     """
-    from tqdm import tqdm
 
     if metric_queue < 0:
         raise ValueError(f'metric_queue must be 0 (serial) or more, got {metric_queue}')
@@ -283,15 +291,14 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
 
     def metric_cfgs(cell: Tuple[str, int]) -> Tuple[Any, List[Dict]]:
         """The evaluator config of a cell and its metric configs, in the evaluator's order."""
-        evaluator = copy.deepcopy(cell_evaluator)  # NOTE: a fresh metric for every cell
+        evaluator = copy.deepcopy(cell_evaluator)
         if save_predictions:
             evaluator = list(evaluator) if isinstance(evaluator, (list, tuple)) else [evaluator]
             evaluator.append(dict(type='DumpResults', out_file_path=osp.join(
                 save_predictions, f'{cell[0]}_{cell[1]}.pkl')))
         return evaluator, _metric_entries(evaluator)
 
-    bar = tqdm(total=len(plan.infer) + len(plan.saved), unit='cell', dynamic_ncols=True,
-               disable=not progress or rank != 0, desc=f'{protocol.name}')
+    progress_bar = Progress(0, 'image', protocol.name, enabled=progress and rank == 0)
     in_flight: deque = deque()
     worker = MetricWorker(cfg.get('default_scope')) if metric_queue and rank == 0 else None
 
@@ -309,7 +316,6 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
                           if k.endswith(('bbox_mAP', 'segm_mAP', 'mIoU')))
         print_log(f'{cell[0]} {cell[1]}: {shown or "recorded"} (metric {timing["metric_s"]} s, '
                   f'the loop waited {timing["wait_s"]} s)', logger='current')
-        bar.update(1)
 
     def settle(block: bool) -> None:
         """Record the finished metrics in order; ``block``: wait for the oldest one."""
@@ -351,6 +357,29 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
                 'without inference.') from None
         in_flight.append(_InFlight(cell, path, future, timing))
 
+    def finish(cell: Tuple[str, int], parts: List[list], metrics_of_loop: List[Any],
+               dataset_meta: Optional[Dict], timing: Dict) -> None:
+        """Rank 0, after a cell's inference: its metric now (serial) or handed to the worker."""
+        assert results is not None
+        if worker is None:  # serial: the metric right after the cell's inference
+            start = time.perf_counter()
+            for metric, entry in zip(metrics_of_loop, metric_cfgs(cell)[1]):
+                if 'out_file_path' in entry:  # NOTE: one DumpResults serves every cell
+                    metric.out_file_path = entry['out_file_path']
+            metrics = compute_metrics(metrics_of_loop, parts)
+            timing['metric_s'] = timing['wait_s'] = round(time.perf_counter() - start, 3)
+            record(cell, metrics, timing, None)
+            return
+        path = predictions_path(folder, *cell)
+        start = time.perf_counter()
+        save_cell_predictions(path, identity_sha256(results.identity), *cell, parts,
+                              dataset_meta, timing)
+        timing['save_s'] = round(time.perf_counter() - start, 3)
+        hand_over(cell, path, timing)
+        settle(block=False)
+
+    run_start = time.perf_counter()
+    loader_kind = 'one-pass'
     try:
         for cell, path in plan.saved.items():  # rank 0 only: a killed run's cells
             if worker is not None:
@@ -364,31 +393,25 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
             record(cell, metrics, {**payload['timing'], 'resumed_from_predictions': True,
                                    'metric_s': seconds, 'wait_s': seconds}, path)
 
-        for cell in plan.infer:
-            bar.set_postfix_str((f'{cell[0]} {cell[1]}' if cell[1] else cell[0])
-                                + (f', metrics in flight: {len(in_flight)}' if worker else ''))
-            loader = cell_dataloader(cfg, None if cell[0] == CLEAN else cell[0], cell[1], seed,
-                                     bgr_compat, corrupted_root)
-            start = time.perf_counter()
-            loop = InferenceLoop(runner, loader, metric_cfgs(cell)[0])
-            parts = loop.run()
-            timing = {'inference_s': round(time.perf_counter() - start, 3),
-                      **_loading_share(runner, len(loop.dataloader))}
-            if rank != 0:
-                continue
-            assert parts is not None and results is not None
-            if worker is None:  # serial: today's order, the metric right after inference
-                start = time.perf_counter()
-                metrics = compute_metrics(loop.evaluator.metrics, parts)
-                timing['metric_s'] = timing['wait_s'] = round(time.perf_counter() - start, 3)
-                record(cell, metrics, timing, None)
-                continue
-            path = predictions_path(folder, *cell)
-            save_cell_predictions(path, identity_sha256(results.identity), *cell, parts,
-                                  loop.evaluator.dataset_meta, timing)
-            del parts
-            hand_over(cell, path, timing)
-            settle(block=False)
+        if plan.infer:
+            inference = None
+            if one_pass:
+                try:
+                    inference = _one_pass_cells(runner, cfg, plan.infer, metric_cfgs(
+                        plan.infer[0])[0], seed, bgr_compat, corrupted_root, progress_bar)
+                except OnePassUnsupported as err:
+                    loader_kind = f'per-cell ({err})'
+                    print_log(f'one dataloader cannot serve every cell ({err}): each cell builds '
+                              'its own', logger='current', level=30)
+            else:
+                loader_kind = 'per-cell (asked for)'
+            if inference is None:
+                inference = _per_cell_cells(runner, cfg, plan.infer, metric_cfgs, seed,
+                                            bgr_compat, corrupted_root, progress_bar)
+            for cell, parts, loop_metrics, dataset_meta, timing in inference:
+                if rank == 0:
+                    assert parts is not None
+                    finish(cell, parts, loop_metrics, dataset_meta, timing)
         while in_flight:
             settle(block=True)
     except BaseException:
@@ -396,13 +419,100 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
             worker.close(cancel=True)
         raise
     finally:
-        bar.close()
+        progress_bar.close()
     if worker is not None:
         worker.close()
     if rank == 0 and osp.isdir(folder) and not os.listdir(folder):
         os.rmdir(folder)
     barrier()
-    if rank == 0 and not plan.infer and not plan.saved:
+    if rank == 0:
         assert results is not None
+        results.data['loader'] = loader_kind
+        summary = _time_summary(results, plan, time.perf_counter() - run_start)
+        results.data['time'] = summary
         results.save()
+        print_log('where the time went: ' + ', '.join(
+            f'{k[:-2]} {v} s ({summary["shares"][k]:.0%})' for k, v in summary.items()
+            if k in summary['shares']) + f'; wall {summary["wall_s"]} s', logger='current')
     return results.data if results is not None else {}
+
+
+def _label(cell: Tuple[str, int]) -> str:
+    return f'{cell[0]} {cell[1]}' if cell[0] != CLEAN else CLEAN
+
+
+def _time_summary(results: RobustnessResults, plan: _Plan, wall: float) -> Dict[str, Any]:
+    """This run's seconds: inference (of which waiting for data), waiting for metrics, saving
+    predictions and the rest (set-up: the dataset, workers, model), with their shares."""
+    cells = [results.data['timing'][c][str(s)] for c, s in list(plan.saved) + plan.infer
+             if str(s) in results.data['timing'].get(c, {})]
+    fresh = [t for t in cells if not t.get('resumed_from_predictions')]
+    inference = sum(t.get('inference_s', 0.0) for t in fresh)
+    data_wait = sum(t.get('data_wait_s', 0.0) for t in fresh)
+    metric_wait = sum(t.get('wait_s', 0.0) for t in cells)
+    saving = sum(t.get('save_s', 0.0) for t in fresh)
+    parts = {'inference_s': inference - data_wait, 'data_wait_s': data_wait,
+             'metric_wait_s': metric_wait, 'save_s': saving,
+             'setup_other_s': max(0.0, wall - inference - metric_wait - saving)}
+    return {'wall_s': round(wall, 3), **{k: round(v, 3) for k, v in parts.items()},
+            'shares': {k: (v / wall if wall > 0 else 0.0) for k, v in parts.items()}}
+
+
+def _per_cell_cells(runner, cfg: Config, cells: List[Tuple[str, int]], metric_cfgs, seed: int,
+                    bgr_compat: bool, corrupted_root: Optional[str], progress_bar: Progress):
+    """Each cell's inference with its own dataloader (the dataset rebuilt per cell): yields
+    ``(cell, gathered results or None, the loop's metrics, dataset_meta, timing)``."""
+    for cell in cells:
+        progress_bar.describe(_label(cell))
+        loader = cell_dataloader(cfg, None if cell[0] == CLEAN else cell[0], cell[1], seed,
+                                 bgr_compat, corrupted_root)
+        start = time.perf_counter()
+        loop = InferenceLoop(runner, loader, metric_cfgs(cell)[0])
+        if not progress_bar.total:
+            progress_bar.set_total(len(loop.dataloader.dataset) * len(cells))
+        parts = loop.run()
+        progress_bar.update(len(loop.dataloader.dataset))
+        timing = {'inference_s': round(time.perf_counter() - start, 3),
+                  **_loading_share(runner, len(loop.dataloader))}
+        yield cell, parts, loop.evaluator.metrics, loop.evaluator.dataset_meta, timing
+
+
+def _one_pass_cells(runner, cfg: Config, cells: List[Tuple[str, int]], evaluator_cfg: Any,
+                    seed: int, bgr_compat: bool, corrupted_root: Optional[str],
+                    progress_bar: Progress):
+    """Every cell's inference from one dataloader (:mod:`.one_pass`), the evaluator built once;
+    yields as :func:`_per_cell_cells`. Raises ``OnePassUnsupported`` before any inference."""
+    from mmengine.runner import TestLoop
+    loader, per_cell = one_pass_loader(runner, cfg, cells, seed, bgr_compat, corrupted_root)
+    images = loader.dataset.images
+    _, world = get_dist_info()
+    loop = TestLoop(runner, loader, evaluator_cfg)
+    runner._test_loop = loop  # NOTE: hooks that ask runner.test_dataloader get this one, and
+    # the runner does not build (and parse) the config's own test set besides
+    progress_bar.set_total(images * len(cells))
+    return _iterate_one_pass(runner, loop, cells, per_cell, images, world, progress_bar)
+
+
+def _iterate_one_pass(runner, loop, cells, per_cell: int, images: int, world: int,
+                      progress_bar: Progress):
+    runner.call_hook('before_test')
+    runner.call_hook('before_test_epoch')
+    runner.model.eval()
+    start, shown = time.perf_counter(), 0
+    for index, batch in enumerate(loop.dataloader):
+        k, b = divmod(index, per_cell)
+        if b == 0:
+            progress_bar.describe(_label(cells[k]))
+        loop.run_iter(index, batch)
+        # NOTE: this rank's samples times the ranks, as far as the cell has images
+        seen = min(images, (b + 1) * len(batch['inputs']) * world)
+        progress_bar.update(seen - shown)
+        shown = seen
+        if b == per_cell - 1:
+            parts = [_gather(metric, images) for metric in loop.evaluator.metrics]
+            timing = {'inference_s': round(time.perf_counter() - start, 3),
+                      **_loading_share(runner, per_cell)}
+            yield cells[k], parts, loop.evaluator.metrics, loop.evaluator.dataset_meta, timing
+            start, shown = time.perf_counter(), 0
+    runner.call_hook('after_test_epoch', metrics={})
+    runner.call_hook('after_test')
