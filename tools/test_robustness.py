@@ -43,7 +43,7 @@ from mmrobust.corruptions import resolve_protocol
 from mmrobust.evaluation import evaluate_robustness, results_lock
 from mmrobust.evaluation.coco_metric import COCO_BACKENDS, DEFAULT_ROBUSTNESS_BACKEND
 from mmrobust.evaluation.report import plot, summary_markdown, write_csv
-from mmrobust.evaluation.results import report_dir
+from mmrobust.evaluation.results import ShardError, parse_shard, report_dir
 from mmrobust.evaluation.robustness import DEFAULT_METRIC_QUEUE
 from mmrobust.utils import explain_registry_errors
 
@@ -82,6 +82,11 @@ def parse_args() -> argparse.Namespace:
                              'infer, at most K cells in flight (their predictions are saved '
                              'next to the results file until recorded, so a killed run resumes '
                              f'without inference); 0: serial (default: {DEFAULT_METRIC_QUEUE})')
+    parser.add_argument('--shard', default=None, metavar='I/N',
+                        help='evaluate the I-th (from 0) of N disjoint shards of the cells (the '
+                             'clean set in shard 0), into its own results file (default '
+                             'robustness_<protocol>_shard<I>of<N>.json); join the shards with '
+                             '`tools/robustness_report.py merge`')
     parser.add_argument('--per-cell-loaders', action='store_true',
                         help='build the test dataset and its dataloader anew for every cell (the '
                              'loop before the one-pass loader; the same inputs, slower)')
@@ -94,12 +99,18 @@ def main() -> None:
     args = parse_args()
     if args.metric_queue < 0:
         sys.exit(f'error: --metric-queue must be 0 (serial) or more, got {args.metric_queue}')
+    try:
+        shard = parse_shard(args.shard) if args.shard else None
+    except ShardError as err:
+        sys.exit(f'error: {err}')
     protocol = resolve_protocol(args.protocol, args.corruptions, args.severities)
     cfg = Config.fromfile(args.config)
     cfg = apply_common_args(cfg, args.config, args.launcher, args.work_dir, args.cfg_options)
     cfg = apply_test_args(cfg, args.checkpoint, None, False, None, 0, False)
-    results_path = args.results or osp.join(cfg.work_dir,
-                                            f'robustness_{protocol.name.replace(":", "_")}.json')
+    stem = f'robustness_{protocol.name.replace(":", "_")}'
+    if shard:
+        stem += f'_shard{shard[0]}of{shard[1]}'
+    results_path = args.results or osp.join(cfg.work_dir, f'{stem}.json')
     runner = build_runner(cfg, ('test_dataloader',), args.allow_partial_load)
     with explain_registry_errors(), results_lock(results_path, args.wait):
         runner.call_hook('before_run')
@@ -109,7 +120,7 @@ def main() -> None:
             corrupted_root=args.corrupted_root, checkpoint=args.checkpoint,
             save_predictions=args.save_predictions, partial_load=args.allow_partial_load,
             coco_backend=args.coco_backend, metric_queue=args.metric_queue,
-            one_pass=not args.per_cell_loaders)
+            one_pass=not args.per_cell_loaders, shard=shard)
         runner.call_hook('after_run')
         if runner.rank == 0:
             label = osp.splitext(osp.basename(args.config))[0]
@@ -118,6 +129,10 @@ def main() -> None:
             files = list(write_csv({label: results}, out)) + plot({label: results}, out)
             print(f'\nresults: {results_path}\nreport: {", ".join(files)}\ncompare models: '
                   f'python tools/robustness_report.py {results_path} OTHER.json --out-dir DIR')
+            if shard:
+                every = results_path.replace(f'shard{shard[0]}of', 'shard*of')
+                print(f'shard {shard[0]}/{shard[1]}: once every shard is done, python '
+                      f'tools/robustness_report.py merge {every} --out MERGED.json')
 
 if __name__ == '__main__':
     main()

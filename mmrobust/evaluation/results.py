@@ -11,19 +11,20 @@ import io
 import json
 import os.path as osp
 import pickle
-from typing import Dict, Mapping
+from typing import Dict, List, Mapping, Sequence, Tuple
 
 from ..corruptions import CORRUPTIONS
 from ..utils.io import ResultsStore
 from .metrics import CLEAN
 
-__all__ = ['RESULTS_FORMAT', 'IDENTITY_KEYS', 'RobustnessResults', 'file_sha256', 'identity_sha256',
-           'load_results', 'report_dir']
+__all__ = ['RESULTS_FORMAT', 'IDENTITY_KEYS', 'RobustnessResults', 'ShardError', 'file_sha256',
+           'identity_sha256', 'load_results', 'merge_results', 'parse_shard', 'report_dir',
+           'shard_cells']
 
 RESULTS_FORMAT = 'mmrobust-robustness/1'
 # the keys that must match for a results file to be resumed
 IDENTITY_KEYS = ('protocol', 'cells_planned', 'seed', 'bgr_compat', 'source', 'config_sha256',
-                 'checkpoint_sha256')
+                 'checkpoint_sha256', 'shard')
 
 
 def file_sha256(path: str) -> str:
@@ -142,3 +143,86 @@ def load_results(path: str) -> Dict:
     data['cells'] = {corruption: {int(s): scores for s, scores in by_severity.items()}
                      for corruption, by_severity in data['cells'].items()}
     return data
+
+
+# -- shards ----------------------------------------------------------------------------------------
+
+class ShardError(ValueError):
+    """A malformed ``--shard`` or shard results that cannot be merged (the message says why)."""
+
+
+def parse_shard(text: str) -> Tuple[int, int]:
+    """``'i/n'`` as ``(i, n)`` with ``0 <= i < n``."""
+    try:
+        index, count = (int(part) for part in text.split('/'))
+    except ValueError:
+        raise ShardError(f'--shard takes I/N (the I-th of N shards, from 0), got {text!r}') \
+            from None
+    if count < 1 or not 0 <= index < count:
+        raise ShardError(f'--shard {text}: I must be in 0..N-1 and N at least 1')
+    return index, count
+
+
+def shard_cells(cells: Sequence[Tuple[str, int]], index: int, count: int
+                ) -> List[Tuple[str, int]]:
+    """The cells of shard ``index`` of ``count``: every ``count``-th cell of ``cells`` (the clean
+    set first), so shards differ by one cell at most and each mixes corruptions and severities."""
+    return [cell for k, cell in enumerate(cells) if k % count == index]
+
+
+def merge_results(shards: Sequence[Tuple[str, Mapping]], allow_missing: bool = False) -> Dict:
+    """One results dict from the results of several shards (``[(path, data), ...]``).
+
+    The merged dict resumes and reports like an unsharded run's: its identity is the shards'
+    (without ``shard``), its cells and timings their union.
+
+    Raises:
+        ShardError: the shards evaluated different things (the differing keys are listed per
+            file), a cell has different numbers in two shards, or cells are missing and
+            ``allow_missing`` is False (they are listed).
+    """
+    if not shards:
+        raise ShardError('no shard results to merge')
+    first_path, first = shards[0]
+    keys = ('format', ) + tuple(k for k in IDENTITY_KEYS if k != 'shard')
+    problems = []
+    for path, data in shards[1:]:
+        diff = [f'{k}: {first_path} has {first.get(k)!r}, {path} {data.get(k)!r}'
+                for k in keys if data.get(k) != first.get(k)]
+        problems += diff
+    if problems:
+        raise ShardError('the shards evaluated different things; refusing to merge them:\n  '
+                         + '\n  '.join(problems))
+    cells: Dict[str, Dict[str, Dict]] = {}
+    timing: Dict[str, Dict[str, Dict]] = {}
+    owner: Dict[Tuple[str, str], str] = {}
+    conflicts = []
+    for path, data in shards:
+        for corruption, by_severity in data.get('cells', {}).items():
+            for severity, metrics in by_severity.items():
+                key = (corruption, str(severity))
+                if key in owner and cells[corruption][str(severity)] != metrics:
+                    conflicts.append(f'{corruption} {severity}: {owner[key]} and {path}')
+                    continue
+                owner.setdefault(key, path)
+                cells.setdefault(corruption, {})[str(severity)] = metrics
+                shard_timing = data.get('timing', {}).get(corruption, {}).get(str(severity))
+                if shard_timing is not None:
+                    timing.setdefault(corruption, {})[str(severity)] = shard_timing
+    if conflicts:
+        raise ShardError('cells with different numbers in two shards (evaluated twice, '
+                         'differently); refusing to merge:\n  ' + '\n  '.join(conflicts))
+    planned = [(CLEAN, 0)] + [(c, int(s)) for c, sevs in first['cells_planned'].items()
+                              for s in sevs]
+    missing = [f'{c} {s}' for c, s in planned if str(s) not in cells.get(c, {})]
+    merged = {k: v for k, v in first.items()
+              if k not in ('cells', 'timing', 'shard', 'time', 'created', 'updated')}
+    merged.update(cells=cells, timing=timing, merged_from=[
+        {'path': path, 'shard': data.get('shard')} for path, data in shards])
+    if missing:
+        if not allow_missing:
+            raise ShardError(f'{len(missing)} cell(s) of the protocol are in no shard: '
+                             f'{", ".join(missing)}. Run the shards that hold them (or merge '
+                             'what there is with --allow-missing, marked as partial).')
+        merged['partial'] = {'missing': missing}
+    return merged

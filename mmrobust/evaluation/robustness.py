@@ -51,7 +51,13 @@ from .coco_metric import (
 )
 from .metrics import CLEAN
 from .one_pass import OnePassUnsupported, one_pass_loader
-from .results import RobustnessResults, file_sha256, identity_sha256
+from .results import (
+    RobustnessResults,
+    file_sha256,
+    identity_sha256,
+    parse_shard,
+    shard_cells,
+)
 from .seg_metric import use_fast_iou
 
 #: Cells whose metrics may be in flight beside the next cell's inference (``--metric-queue``).
@@ -175,8 +181,10 @@ class _Plan:
     error: Optional[BaseException] = None  # raised on every rank
 
 
-def _plan_on_rank0(results: RobustnessResults, protocol: Protocol, folder: str) -> _Plan:
-    """The cells left to do; predictions a killed run saved are used instead of inference."""
+def _plan_on_rank0(results: RobustnessResults, protocol: Protocol, folder: str,
+                   shard: Optional[Tuple[int, int]] = None) -> _Plan:
+    """The cells left to do (of ``shard`` only, if given); predictions a killed run saved are
+    used instead of inference."""
     saved, foreign = saved_cells(folder, identity_sha256(results.identity))
     for path in foreign:
         print_log(f'removing {path}: predictions of another evaluation (or unreadable)',
@@ -188,7 +196,10 @@ def _plan_on_rank0(results: RobustnessResults, protocol: Protocol, folder: str) 
                 os.remove(osp.join(folder, name))
     for cell in [c for c in saved if results.done(*c)]:  # killed after recording, before removal
         os.remove(saved.pop(cell))
-    todo = [(c, s) for c, s in [(CLEAN, 0)] + protocol.cells() if not results.done(c, s)]
+    cells = [(CLEAN, 0)] + protocol.cells()
+    if shard is not None:
+        cells = shard_cells(cells, *shard)
+    todo = [(c, s) for c, s in cells if not results.done(c, s)]
     if saved:
         print_log(f'{len(saved)} cell(s) resume from their saved predictions in {folder} '
                   f'without inference: {", ".join(f"{c} {s}" for c, s in saved)}',
@@ -230,7 +241,8 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
                         checkpoint: str = '', save_predictions: Optional[str] = None,
                         progress: bool = True, partial_load: bool = False,
                         coco_backend: Optional[str] = None,
-                        metric_queue: int = DEFAULT_METRIC_QUEUE, one_pass: bool = True) -> Dict:
+                        metric_queue: int = DEFAULT_METRIC_QUEUE, one_pass: bool = True,
+                        shard: Optional[Tuple[int, int]] = None) -> Dict:
     """Evaluate the clean set and every cell of ``protocol``; returns the results dict (rank 0;
     an empty dict on the other ranks).
 
@@ -245,6 +257,10 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     cell's timing records ``inference_s``, ``metric_s`` and ``wait_s`` (how long the loop
     waited for that metric); the run's ``time`` where this run's time went.
 
+    ``shard=(i, n)`` evaluates the i-th of n disjoint shards of the cells
+    (:func:`~.results.shard_cells`; the clean set in shard 0); the results record it, and
+    :func:`~.results.merge_results` joins the shards' files.
+
     ``one_pass`` (default) serves every cell from one dataloader (the dataset built once, its
     workers kept; the same inputs as a dataloader per cell, which ``one_pass=False`` builds).
 
@@ -255,6 +271,8 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
 
     if metric_queue < 0:
         raise ValueError(f'metric_queue must be 0 (serial) or more, got {metric_queue}')
+    if shard is not None:
+        parse_shard(f'{shard[0]}/{shard[1]}')  # NOTE: raises ShardError when out of range
     if corrupted_root is None:
         for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
             find_loading_step(list(dataset['pipeline']))
@@ -278,13 +296,14 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
                 'checkpoint': checkpoint,
                 'checkpoint_sha256': file_sha256(checkpoint) if checkpoint else None,
                 'scope': cfg.get('default_scope'), 'mmrobust': __version__,
+                'shard': {'index': shard[0], 'count': shard[1]} if shard else None,
             }
             if partial_load:
                 identity['partial_load'] = 'the checkpoint did not match the model; see the log'
             results = RobustnessResults(results_path, identity)
             if backends:  # the latest run's; each cell records its own in its timing
                 results.data['coco_backend'] = ', '.join(backends)
-            plan = _plan_on_rank0(results, protocol, folder)
+            plan = _plan_on_rank0(results, protocol, folder, shard)
         except Exception as err:
             plan = _Plan(infer=[], error=err)
     plan = _broadcast_plan(plan)
@@ -428,6 +447,8 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     if rank == 0:
         assert results is not None
         results.data['loader'] = loader_kind
+        if all(results.done(c, s) for c, s in [(CLEAN, 0)] + protocol.cells()):
+            results.data.pop('partial', None)  # NOTE: a partial merge, completed by this run
         summary = _time_summary(results, plan, time.perf_counter() - run_start)
         results.data['time'] = summary
         results.save()

@@ -1,6 +1,6 @@
 """How much longer a COCO-C evaluation takes than its inference, at real scale, on this machine.
 
-    python tools/analysis_tools/benchmark_robustness_eval.py               # N=300, 2 cells, ~12 min
+    python tools/analysis_tools/benchmark_robustness_eval.py               # N=300, 2 cells, ~10 min
     python tools/analysis_tools/benchmark_robustness_eval.py --n 5000 --cells 3   # the real figure
 
 A synthetic COCO-format val set (`--n` images at 640x480, ~7 objects each over 80 classes,
