@@ -151,6 +151,9 @@ def test_detector_on_the_fly_stored_resume_and_report(toy_data, trained_toy_dete
     assert (tmp_path / 'fly_report' / 'summary.csv').is_file()
     data = json.loads(fly.read_text())
     assert data['protocol'] == 'custom' and data['source'] == 'on-the-fly'
+    # what the strict load found, not which flag was passed
+    assert data['checkpoint_load']['matched'] > 100 and 'partial_load' not in data
+    assert not any(data['checkpoint_load'][k] for k in ('missing', 'unexpected', 'errors'))
     assert sorted(data['cells']) == ['clean', 'fog', 'gaussian_noise']
     for corruption in ('fog', 'gaussian_noise'):
         assert sorted(data['cells'][corruption]) == ['1', '4']

@@ -252,14 +252,15 @@ def test_gpu_check_script_commands_exist():
     proc = run_cmd(['bash', REPO / 'tools' / 'gpu_check.sh', 'work_dirs/x'],
                    env={'DRY_RUN': '1', 'ITERS': '3'})
     commands = [line[2:].split() for line in proc.stdout.splitlines() if line.startswith('+ ')]
-    assert len(commands) == 5
+    assert len(commands) == 7
     from mmengine.config import Config
     for words in commands:
         for word in words[1:]:
             if word.endswith('.py') and '=' not in word:
                 assert (REPO / word).is_file(), word
         if '--cfg-options' in words:  # every option names a setting the config has
-            cfg = Config.fromfile(str(REPO / words[2])).to_dict()
+            config = next(w for w in words if w.startswith('configs/'))
+            cfg = Config.fromfile(str(REPO / config)).to_dict()
             for option in words[words.index('--cfg-options') + 1:]:
                 node = cfg
                 for part in option.split('=')[0].split('.'):
@@ -268,3 +269,12 @@ def test_gpu_check_script_commands_exist():
     assert 'custom_hooks.0.tokenizer.init_cfg.checkpoint=work_dirs/x/tokenizer/tokenizer.pth' \
         in commands[3]
     assert 'work_dirs/x/fan-t/iter_3.pth' in commands[4]
+    # the 2-process steps: torchrun's launchers
+    assert 'tools/dist_train.sh' in commands[5] and 'TOOL=test_robustness.py' in commands[6]
+    # a rerun in the same work dir (a retrained checkpoint) writes a results file of its own
+    again = run_cmd(['bash', REPO / 'tools' / 'gpu_check.sh', 'work_dirs/x'],
+                    env={'DRY_RUN': '1', 'ITERS': '3'})
+    results = [[w for w in line.split() if w.endswith('.json')]
+               for out in (proc.stdout, again.stdout) for line in out.splitlines()
+               if line.startswith('+ ') and 'tools/test_robustness.py' in line]
+    assert results[0] and results[1] and results[0] != results[1]

@@ -5,7 +5,11 @@
 #   1. the toy tokenizer (tools/train_vq.py), --amp; its result is step 3's tokenizer;
 #   2. the toy FAN-T-Hybrid Mask R-CNN, --amp (fp16 with loss scaling);
 #   3. the same with DAT (attack pass, two VQ round trips per step), --amp;
-#   4. a 2-cell robustness evaluation (clean + fog 3 + gaussian_noise 3) of step 2's checkpoint.
+#   4. a 2-cell robustness evaluation (clean + fog 3 + gaussian_noise 3) of step 2's checkpoint,
+#      into a results file of its own per run (a rerun in the same work dir starts afresh);
+#   5. two processes (torchrun): a few training iterations (dist_train.sh) and a 1-cell
+#      robustness evaluation (dist_test.sh) on 2 GPUs, or with gloo on the CPU where there is
+#      one GPU (then they check the launchers, not the GPUs).
 #
 #   bash tools/gpu_check.sh [WORK_DIR]          # default work_dirs/gpu_check; ITERS=20
 #   DRY_RUN=1 bash tools/gpu_check.sh           # print the commands only
@@ -45,14 +49,30 @@ run "$PYTHON" tools/train_vq.py configs/tokenizers/vq-small-f16_toy-coco.py "${A
 run "$PYTHON" tools/train.py "$DET" "${AMP[@]}" --work-dir "$WORK/fan-t" --cfg-options "${SHORT[@]}"
 run "$PYTHON" tools/train.py "$DET_DAT" "${AMP[@]}" --work-dir "$WORK/fan-t_dat" --cfg-options \
   "${SHORT[@]}" custom_hooks.0.tokenizer.init_cfg.checkpoint="$WORK/tokenizer/tokenizer.pth"
+STAMP=$(date +%Y%m%d_%H%M%S)_$$  # NOTE: each run retrains, so each gets its own results
+RESULTS="$WORK/robustness/robustness_$STAMP.json"
 run "$PYTHON" tools/test_robustness.py "$DET" "$WORK/fan-t/iter_$ITERS.pth" \
-  --corruptions fog gaussian_noise --severities 3 --results "$WORK/robustness.json" \
+  --corruptions fog gaussian_noise --severities 3 --results "$RESULTS" \
   --work-dir "$WORK/robustness"
+# 5. two processes: on 2 GPUs when there are, else on the CPU with gloo
+TWO=()
+if [ -z "${ON_CPU:-}" ] && [ -z "${DRY_RUN:-}" ] && [ "$("$PYTHON" -c \
+    'import torch; print(torch.cuda.device_count())')" -lt 2 ]; then
+  echo "one GPU: the 2-process steps run on the CPU (gloo), a check of the launchers"
+  TWO=(env CUDA_VISIBLE_DEVICES=)
+fi
+run "${TWO[@]}" env PYTHON="$PYTHON" PORT=$((29500 + $$ % 1000)) bash tools/dist_train.sh "$DET" 2 \
+  --work-dir "$WORK/fan-t_2proc" --cfg-options train_cfg.max_iters=2 \
+  train_cfg.val_interval=100000 default_hooks.checkpoint.interval=2
+run "${TWO[@]}" env PYTHON="$PYTHON" PORT=$((30500 + $$ % 1000)) TOOL=test_robustness.py \
+  bash tools/dist_test.sh "$DET" "$WORK/fan-t/iter_$ITERS.pth" 2 --corruptions fog \
+  --severities 3 --results "$WORK/robustness/robustness_2proc_$STAMP.json" \
+  --work-dir "$WORK/robustness_2proc"
 [ -n "${DRY_RUN:-}" ] && exit 0
 
-"$PYTHON" - "$WORK" <<'PY'
+"$PYTHON" - "$WORK" "$RESULTS" "$WORK/robustness/robustness_2proc_$STAMP.json" <<'PY'
 import glob, json, statistics, sys
-work = sys.argv[1]
+work, results, two = sys.argv[1:4]
 vq = json.load(open(f'{work}/tokenizer/eval.json'))
 print(f"\ngpu_check summary ({work})\n  tokenizer: {vq['seconds'] / vq['iters']:.3f} s/iter "
       f"({vq['iters']} iters, PSNR {vq['psnr']:.1f} dB)")
@@ -61,8 +81,13 @@ for name in ('fan-t', 'fan-t_dat'):
     steps = [r['time'] for r in map(json.loads, open(log)) if 'loss' in r]  # training only
     times = steps[2:] or steps  # the first two steps warm up
     print(f'  {name}: {statistics.median(times):.3f} s/iter (median of {len(times)})')
-timing = json.load(open(f'{work}/robustness.json'))['timing']
+timing = json.load(open(results))['timing']
 for corruption, cells in timing.items():
     for severity, t in cells.items():
         print(f"  robustness {corruption} {severity}: {t['wall_s']:.1f} s")
+both = json.load(open(two))['cells']
+one = json.load(open(results))['cells']
+same = all(both[c] == one[c] for c in both)
+print(f"  2 processes: {len(both)} cells, {'the same' if same else 'other'} numbers than 1 "
+      "process (expected the same when both ran on the same kind of device)")
 PY

@@ -40,6 +40,7 @@ from mmrobust.apis import (
     parse_launch_args,
 )
 from mmrobust.corruptions import resolve_protocol
+from mmrobust.engine.hooks.strict_load import strict_load_outcome
 from mmrobust.evaluation import evaluate_robustness, results_lock
 from mmrobust.evaluation.coco_metric import COCO_BACKENDS, DEFAULT_ROBUSTNESS_BACKEND
 from mmrobust.evaluation.report import plot, summary_markdown, write_csv
@@ -118,7 +119,7 @@ def main() -> None:
         results = evaluate_robustness(
             runner, cfg, protocol, results_path, seed=args.seed, bgr_compat=args.bgr_compat,
             corrupted_root=args.corrupted_root, checkpoint=args.checkpoint,
-            save_predictions=args.save_predictions, partial_load=args.allow_partial_load,
+            save_predictions=args.save_predictions, checkpoint_load=strict_load_outcome(runner),
             coco_backend=args.coco_backend, metric_queue=args.metric_queue,
             one_pass=not args.per_cell_loaders, shard=shard)
         runner.call_hook('after_run')

@@ -256,7 +256,9 @@ def build_runner(cfg: Config, loaders: tuple, allow_partial_load: bool = False) 
 def load_checkpoint_strict(model: torch.nn.Module, checkpoint: str,
                            allow_partial_load: bool = False) -> dict:
     """Load a whole-model checkpoint (mmengine's, or a plain state dict) into ``model``; every
-    key must match in name and shape unless ``allow_partial_load`` (then the lists are logged).
+    key must load (by mmengine's rules: each module's key remaps count, a missing BatchNorm
+    ``num_batches_tracked`` is exempt) unless ``allow_partial_load`` (then the lists are
+    logged).
 
     Returns:
         The raw checkpoint (for its ``meta``).
@@ -266,14 +268,15 @@ def load_checkpoint_strict(model: torch.nn.Module, checkpoint: str,
     from ..engine.hooks.strict_load import (
         PARTIAL_LOAD_FLAG,
         checkpoint_state,
+        dry_run_load,
         loadable_state,
         loaded_module,
     )
-    from ..models.utils import CheckpointMismatchError, mismatch_message, state_dict_mismatch
+    from ..models.utils import CheckpointMismatchError, mismatch_message
     raw = _load_checkpoint(checkpoint, map_location='cpu')
     state = checkpoint_state(raw, checkpoint)
     model = loaded_module(model)
-    problems = state_dict_mismatch(loadable_state(model), state)
+    problems = dry_run_load(model, state)  # NOTE: by mmengine's rules, as StrictLoadHook
     if any(problems):
         message = mismatch_message(f'{checkpoint} does not match {type(model).__name__}:',
                                    *problems)

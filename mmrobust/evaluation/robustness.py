@@ -124,27 +124,44 @@ def cell_dataloader(cfg: Config, corruption: Optional[str], severity: int, seed:
 # -- the results file ------------------------------------------------------------------------------
 
 @contextmanager
-def results_lock(path: str, wait: bool = False) -> Iterator[None]:
+def results_lock(path: str, wait: bool = False, poll_s: float = 5.0) -> Iterator[None]:
     """One writer per results file: rank 0 holds its lock for the with-block.
 
     A second run on the same file stops with who holds it (or, with ``wait``, queues behind
-    it); in a distributed run every rank stops alike, with no rank left in a collective.
+    it). Every outcome on rank 0 (held, locked, or any error making the lock) reaches every rank
+    in a short broadcast, and waiting polls (every ``poll_s`` seconds, one broadcast per round),
+    so no rank sits in a collective while rank 0 waits or after it failed.
     """
+    import pickle
     rank, world = get_dist_info()
     with ExitStack() as stack:
-        error = None
-        if rank == 0:
-            try:
-                stack.enter_context(exclusive_lock(
-                    path, wait, waiting=lambda msg: print_log(msg, logger='current')))
-            except FileLockedError as err:
-                error = str(err)
-        if world > 1:  # NOTE: every rank is here, before any cell: the collective is safe
-            box = [error]
-            broadcast_object_list(box)
-            error = box[0]
-        if error:
-            raise FileLockedError(error)
+        told = False
+        while True:
+            outcome: Any = None  # None: held; else the error that stops every rank
+            if rank == 0:
+                try:
+                    stack.enter_context(exclusive_lock(
+                        path, waiting=lambda msg: print_log(msg, logger='current', level=30)))
+                except FileLockedError as err:
+                    outcome = err
+                except Exception as err:
+                    try:
+                        pickle.dumps(err)
+                        outcome = err
+                    except Exception:  # NOTE: still stops every rank, with the message
+                        outcome = RuntimeError(f'{type(err).__name__}: {err}')
+            if world > 1:  # NOTE: every rank is here, before any cell: the collective is safe
+                box = [outcome]
+                broadcast_object_list(box)
+                outcome = box[0]
+            if outcome is None:
+                break
+            if not (wait and isinstance(outcome, FileLockedError)):
+                raise outcome
+            if not told:
+                print_log(f'waiting (polling every {poll_s:g} s): {outcome}', logger='current')
+                told = True
+            time.sleep(poll_s)
         yield
 
 
@@ -239,7 +256,7 @@ class _InFlight:
 def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: str, seed: int = 0,
                         bgr_compat: bool = False, corrupted_root: Optional[str] = None,
                         checkpoint: str = '', save_predictions: Optional[str] = None,
-                        progress: bool = True, partial_load: bool = False,
+                        progress: bool = True, checkpoint_load: Optional[Dict] = None,
                         coco_backend: Optional[str] = None,
                         metric_queue: int = DEFAULT_METRIC_QUEUE, one_pass: bool = True,
                         shard: Optional[Tuple[int, int]] = None) -> Dict:
@@ -247,7 +264,9 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     an empty dict on the other ranks).
 
     ``runner`` has its model built and its checkpoint loaded already (once for all cells);
-    ``partial_load`` (the checkpoint did not fit the model exactly) is recorded in the results.
+    ``checkpoint_load`` (what the strict load found: tensors matched, missing / unexpected keys,
+    errors; ``StrictLoadHook.last_load``) is recorded in the results, and ``partial_load`` with
+    the lists when the checkpoint did not fit the model exactly.
     COCO metrics are evaluated by ``coco_backend`` (default: the metric's own ``backend``, else
     :data:`DEFAULT_ROBUSTNESS_BACKEND`); the library and its version are recorded per cell.
 
@@ -298,8 +317,11 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
                 'scope': cfg.get('default_scope'), 'mmrobust': __version__,
                 'shard': {'index': shard[0], 'count': shard[1]} if shard else None,
             }
-            if partial_load:
-                identity['partial_load'] = 'the checkpoint did not match the model; see the log'
+            if checkpoint_load is not None:
+                identity['checkpoint_load'] = checkpoint_load
+                if any(checkpoint_load.get(k) for k in ('missing', 'unexpected', 'errors')):
+                    identity['partial_load'] = {k: checkpoint_load[k] for k in (
+                        'missing', 'unexpected', 'errors') if checkpoint_load.get(k)}
             results = RobustnessResults(results_path, identity)
             if backends:  # the latest run's; each cell records its own in its timing
                 results.data['coco_backend'] = ', '.join(backends)

@@ -88,14 +88,28 @@ class FileLockedError(RuntimeError):
     """Another process writes this file (it holds the file's lock)."""
 
 
+def _describe(info: Dict[str, Any]) -> str:
+    return (f"pid {info.get('pid', '?')} on {info.get('host', '?')} (user {info.get('user', '?')}, "
+            f"since {info.get('since', '?')}): {info.get('command', '?')}")
+
+
 def _holder(lock_path: str) -> str:
     try:
         with open(lock_path) as f:
             info = json.load(f)
-        return (f"pid {info['pid']} on {info['host']} (user {info['user']}, since "
-                f"{info['since']}): {info['command']}")
-    except (OSError, ValueError, KeyError):
+        return _describe(info) if isinstance(info, dict) and 'pid' in info else \
+            'another process (no details recorded yet)'
+    except (OSError, ValueError):
         return 'another process (no details recorded yet)'
+
+
+def _holder_info(fd: int) -> Optional[Dict[str, Any]]:
+    """What a lock file (open as ``fd``) says of its last holder, if anything."""
+    try:
+        info = json.loads(os.pread(fd, 1 << 16, 0) or b'null')
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
 
 
 @contextmanager
@@ -104,13 +118,16 @@ def exclusive_lock(path: PathLike, wait: bool = False,
     """Hold an exclusive lock on ``path`` for the with-block (for a job that writes it).
 
     The lock is an ``flock`` on ``<path>.lock``, which records who holds it; the OS releases
-    it when the holder exits, however it exits, so a killed job leaves no stale lock. The lock
-    file is removed on release.
+    it when the holder exits, however it exits, so a killed job leaves no stale lock. On release
+    the lock file is removed if it is still the one this job locked.
+
+    ``flock`` is node-local on some cluster file systems (two nodes can both hold it): a lock
+    file left naming a holder on another host is reported through ``waiting`` when taken over.
 
     Args:
         path: the file the job writes.
         wait: wait for the holder to finish instead of raising.
-        waiting: called with a message (who holds it) before waiting.
+        waiting: called with a message (who holds it, or who held it on another host).
 
     Raises:
         FileLockedError: ``path`` is locked and ``wait`` is False; says who holds it.
@@ -142,15 +159,26 @@ def exclusive_lock(path: PathLike, wait: bool = False,
         if same:
             break
         os.close(fd)
-    info = {'pid': os.getpid(), 'host': socket.gethostname(), 'user': getpass.getuser(),
+    host = socket.gethostname()
+    previous = _holder_info(fd)
+    if previous and previous.get('host') not in (None, host) and waiting is not None:
+        waiting(f'{lock_path} names a holder on another host ({_describe(previous)}), which '
+                'this host cannot see: flock may be node-local on this file system. If that '
+                'run is still going, stop this one.')
+    info = {'pid': os.getpid(), 'host': host, 'user': getpass.getuser(),
             'since': datetime.datetime.now().isoformat(timespec='seconds'),
             'command': ' '.join(sys.argv)}
     os.ftruncate(fd, 0)
-    os.write(fd, json.dumps(info).encode())
+    os.pwrite(fd, json.dumps(info).encode(), 0)
     try:
         yield lock_path
     finally:
-        os.unlink(lock_path)  # NOTE: while still holding it (see the check above)
+        try:  # NOTE: while still holding it; only the file this job locked, and an error here
+            # never hides the with-block's own
+            if osp.samestat(os.fstat(fd), os.stat(lock_path)):
+                os.unlink(lock_path)
+        except OSError:
+            pass
         os.close(fd)
 
 
