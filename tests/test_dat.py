@@ -103,7 +103,8 @@ def test_attack_pass_leaves_no_trace_and_logs(toy):
         assert torch.equal(x_adv[i, :, :, w:], clean['inputs'][i, :, :, w:])
     stats = hook.last_stats
     assert set(stats) == {'dat_loss', 'dat_random_start', 'dat_delta', 'dat_codes_changed',
-                          'dat_adv_l1'}
+                          'dat_adv_l1', 'dat_nonfinite'}
+    assert stats['dat_nonfinite'] == 0 and hook.skipped_nonfinite == 0
     assert stats['dat_random_start'] == 0  # the hook's default: no random start
     assert stats['dat_delta'] == pytest.approx(0.1, rel=1e-3)  # one L2 step of alpha
     assert 0 <= stats['dat_codes_changed'] <= 1 and stats['dat_loss'] > 0

@@ -115,13 +115,15 @@ def test_interrupted_run_resumes_to_the_same_result(toy_data, tmp_path):
     for path in partial:  # every visible image is complete (atomic rename)
         with Image.open(path) as img:
             img.load()
-    assert not (tmp_path / 'run' / MANIFEST).exists()
+    # the settings went down first, so the folder is guarded; the run is marked unfinished
+    assert json.loads((tmp_path / 'run' / MANIFEST).read_text())['in_progress'] is True
 
     rerun = run_tool(*[str(a) for a in args[1:]])
     assert 'already there' in rerun.stdout
     manifest = json.loads((tmp_path / 'run' / MANIFEST).read_text())
     assert manifest['counts']['skipped_existing'] >= len(partial) - 1
     assert manifest['counts']['files_present'] == manifest['counts']['files_expected'] == 24 * 6
+    assert 'in_progress' not in manifest
     assert not [p for p in (tmp_path / 'run').rglob('*') if '.mmrobust-tmp-' in p.name]
 
     fresh = tmp_path / 'fresh'

@@ -14,6 +14,10 @@ MIN_SIZE = 8
 SeedLike = Union[int, np.integer, np.random.RandomState, None]
 
 
+class ImageTooSmallError(ValueError):
+    """An image under :data:`MIN_SIZE` px a side: the corruptions are not defined on it."""
+
+
 def derive_seed(seed: int, image_id: Union[str, int], corruption: str, severity: int) -> int:
     """Seed of one image in one cell, from the global seed, a stable image id and the cell.
 
@@ -63,8 +67,8 @@ def corrupt(img: np.ndarray, name: str, severity: int, seed: SeedLike = None,
         raise ValueError(f'corrupt() expects an HxW, HxWx1, HxWx3 or HxWx4 image, got shape '
                          f'{img.shape}.')
     if min(img.shape[:2]) < MIN_SIZE:
-        raise ValueError(f'Image of {img.shape[1]}x{img.shape[0]} px is too small to corrupt: '
-                         f'both sides must be at least {MIN_SIZE} px.')
+        raise ImageTooSmallError(f'Image of {img.shape[1]}x{img.shape[0]} px is too small to '
+                                 f'corrupt: both sides must be at least {MIN_SIZE} px.')
     if severity not in SEVERITIES or isinstance(severity, bool):
         raise ValueError(f'Severity must be an integer in 1..5, got {severity!r}.')
     if channel_order not in ('rgb', 'bgr'):

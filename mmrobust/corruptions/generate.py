@@ -29,11 +29,16 @@ import numpy as np
 from PIL import Image
 
 from ..utils.io import TMP_MARK, atomic_bytes
-from .core import corrupt, derive_seed
+from .core import ImageTooSmallError, corrupt, derive_seed
 from .protocols import Protocol, resolve_protocol
 
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
 MANIFEST = 'manifest.json'
+
+
+class CorruptionWriteError(RuntimeError):
+    """Writing a corrupted file failed for a reason that is not the source image's (a full
+    disk, an I/O error, memory, a bug): the run stops, naming the cell and the image."""
 
 
 class SourceImageError(Exception):
@@ -118,6 +123,11 @@ def read_image(path: Path) -> Tuple[np.ndarray, Optional[str]]:
                 return np.asarray(pil), None
             if mode.startswith('I'):
                 grey = np.asarray(pil)
+                if ';16' not in rawmode and grey.size and 0 <= grey.min() and grey.max() <= 255:
+                    # NOTE: an integer image within 8 bits (e.g. a 32-bit TIFF of 0..255) is
+                    # 8-bit data, not the low byte of 16-bit data
+                    return grey.astype(np.uint8), f'integer grey (mode {mode}) within 0..255 ' \
+                        '-> 8-bit grey, values kept'
                 if grey.size and (grey.min() < 0 or grey.max() > 65535):
                     raise SourceImageError(
                         f'32-bit integer image (mode {mode!r}, values {grey.min()}..{grey.max()})'
@@ -172,12 +182,24 @@ def _process(job: Tuple[str, List[Tuple[str, int]]]
             out = corrupt(img, name, severity,
                           seed=derive_seed(opts['seed'], image_id, name, severity),
                           channel_order=opts['channel_order'])
+        except ImageTooSmallError as err:  # NOTE: the source's problem: recorded, the run goes on
+            errors.setdefault(f'{type(err).__name__}: {err}', []).append(f'{name}/{severity}')
+            continue
+        except Exception as err:  # NOTE: a bug or no memory: stop, never a "failed source"
+            raise CorruptionWriteError(
+                f'corrupting {name} {severity} of {rel} failed: {type(err).__name__}: {err}. '
+                'The files written so far are complete; fix the cause and rerun to resume.') \
+                from err
+        try:
             data = encode_image(out, Path(rel).suffix, opts['jpeg_quality'],
                                 opts['png_compression'], opts['lossless'])
             atomic_bytes(opts['out'] / name / str(severity) / rel, data)
-            written += 1
-        except Exception as err:  # NOTE: recorded in the manifest; the run goes on
-            errors.setdefault(f'{type(err).__name__}: {err}', []).append(f'{name}/{severity}')
+        except Exception as err:  # NOTE: a full disk, an I/O error: stop at once, say where
+            raise CorruptionWriteError(
+                f'writing {name} {severity} of {rel} failed: {type(err).__name__}: {err}. The '
+                'files written so far are complete; fix the cause (e.g. free disk space) and '
+                'rerun to resume.') from err
+        written += 1
     error = None
     if errors:
         error = '; '.join(msg if len(where) == len(cells) else f'{msg} (in {", ".join(where)})'
@@ -229,6 +251,23 @@ def _versions() -> Dict[str, str]:
             'pillow': PIL.__version__}
 
 
+def _earlier_manifest(out: Path, identity: Dict) -> Dict:
+    """The manifest of an earlier run into ``out`` ({} if none); refuses other settings."""
+    from ..utils.io import ResultsMismatchError
+    path = out / MANIFEST
+    if not path.is_file():
+        return {}
+    earlier = json.loads(path.read_text())
+    diff = [k for k in identity if k in earlier and earlier[k] != identity[k]]
+    if diff:
+        details = '; '.join(f'{k}: the folder has {earlier[k]!r}, this run {identity[k]!r}'
+                            for k in diff)
+        raise ResultsMismatchError(
+            f'{out} holds corrupted files written with other settings ({details}). Refusing to '
+            'mix them in one folder: write to another OUT, or rerun with the same settings.')
+    return earlier
+
+
 def generate(src: Path, out: Path, protocol: Protocol, seed: int = 0, workers: int = 1,
              subdirs: Optional[Sequence[str]] = None, links: Optional[Sequence[str]] = None,
              copy_links: bool = False, channel_order: str = 'rgb', jpeg_quality: int = 95,
@@ -250,6 +289,12 @@ def generate(src: Path, out: Path, protocol: Protocol, seed: int = 0, workers: i
         raise FileNotFoundError(f'No images ({", ".join(IMAGE_SUFFIXES)}) found under '
                                 f'{", ".join(str(src / d) for d in dirs)}.')
     out.mkdir(parents=True, exist_ok=True)
+    identity = {'seed': seed, 'channel_order': channel_order, 'jpeg_quality': jpeg_quality,
+                'lossless': lossless, 'source': str(src.resolve())}
+    earlier = _earlier_manifest(out, identity)
+    # NOTE: the identity goes down first, so a run killed before its end still guards the folder
+    atomic_bytes(out / MANIFEST, json.dumps({**earlier, **identity, 'in_progress': True},
+                                            indent=2).encode())
     _remove_stale_temporaries(out)
     cells = protocol.cells()
     for name, severity in cells:
@@ -266,7 +311,9 @@ def generate(src: Path, out: Path, protocol: Protocol, seed: int = 0, workers: i
     opts = dict(src=src, out=out, seed=seed, channel_order=channel_order,
                 jpeg_quality=jpeg_quality, png_compression=png_compression, lossless=lossless)
     failed: Dict[str, str] = {}
-    converted: Dict[str, str] = {}
+    # NOTE: the conversions of files an earlier run wrote stay listed
+    converted: Dict[str, str] = {k: v for k, v in earlier.get('converted', {}).items()
+                                 if k in set(images)}
     written = 0
     start = time.time()
     from tqdm import tqdm
@@ -296,6 +343,7 @@ def generate(src: Path, out: Path, protocol: Protocol, seed: int = 0, workers: i
     bar.close()
 
     manifest = {
+        **{k: v for k, v in earlier.items() if k not in ('in_progress', )},
         'protocol': protocol.name,
         'description': protocol.description,
         'cells': {n: list(s) for n, s in protocol.severities.items()},

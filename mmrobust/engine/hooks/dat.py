@@ -24,6 +24,7 @@ all-reduce would otherwise run in the forward and backward of a pass that DDP do
 random start, are drawn from (seed, iteration) alone, so every rank takes the same path.
 """
 import copy
+import logging
 import os.path as osp
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Dict, Iterator, Optional, Tuple, Union
@@ -158,6 +159,12 @@ class DATHook(Hook):
         for name, value in (('prob', prob), ('random_start_prob', random_start_prob)):
             if not 0 <= value <= 1:
                 raise ValueError(f'DATHook: {name} must be in [0, 1], got {value}')
+        if random_start and random_start_prob > 0 and (
+                norm != 'l2' or alpha == 0 or (eps is not None and eps == 0)):
+            raise ValueError(
+                f"DATHook: random_start is defined for norm='l2' with alpha and eps > 0 (the "
+                f"reference's start on the eps-sphere); got norm={norm!r}, alpha={alpha}, "
+                f'eps={eps}. Drop random_start, or use the L2 attack')
         if budget == 'pixel_rms' and norm != 'l2':
             raise ValueError("DATHook: budget='pixel_rms' rescales L2 norms; with norm='linf' "
                              'alpha is per pixel already')
@@ -177,6 +184,9 @@ class DATHook(Hook):
         self._model: Optional[nn.Module] = None
         self.space: Optional[PixelSpace] = None
         self.last_stats: Dict[str, float] = {}
+        #: images whose attack gradient was not finite (not attacked), over the run
+        self.skipped_nonfinite = 0
+        self._batch_nonfinite = 0
 
     # -- set-up ------------------------------------------------------------------------------------
     def build_tokenizer(self, device: torch.device) -> nn.Module:
@@ -314,14 +324,20 @@ class DATHook(Hook):
                      start: Optional[torch.Tensor]) -> torch.Tensor:
         """δ in pixel units from the pixel-space gradient (``start``: the random start's offset
         from x̂, included in δ and in its cap)."""
-        grad = torch.nan_to_num(grad) * mask
+        # NOTE: a non-finite gradient (fp16 overflow) has no direction: that image is not
+        # attacked (δ = 0), and counted, rather than stepped to a saturated pixel
+        finite = torch.isfinite(grad).flatten(1).all(dim=1).view(-1, 1, 1, 1)
+        self._batch_nonfinite = int((~finite).sum())
+        self.skipped_nonfinite += self._batch_nonfinite
+        grad = torch.where(finite, grad, torch.zeros_like(grad)) * mask
         if self.norm == 'linf':
             return self.alpha * grad.sign()
         scale = self.budget_scale(mask)
         step = grad / grad.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, 1, 1, 1)
         delta = self.alpha * scale * step if start is None else start + self.alpha * scale * step
         norm = delta.flatten(1).norm(dim=1).view(-1, 1, 1, 1)
-        return delta * (self.eps * scale / norm.clamp_min(1e-12)).clamp(max=1.)
+        delta = delta * (self.eps * scale / norm.clamp_min(1e-12)).clamp(max=1.)
+        return torch.where(finite, delta, torch.zeros_like(delta))
 
     def random_start_noise(self, shape: torch.Size, mask: torch.Tensor, it: int) -> torch.Tensor:
         """ε · n / ‖n‖₂ per image (n Gaussian over the valid area): a point on the ε-sphere."""
@@ -345,6 +361,7 @@ class DATHook(Hook):
             x_hat, codes = self.quantize(pixels)
             x_hat = torch.where(mask, x_hat, pixels)
         start, loss = None, None
+        self._batch_nonfinite = 0
         if self.alpha == 0 or self.eps == 0:  # NOTE: the VQ round trip alone: no attack pass
             delta = torch.zeros_like(pixels)
         else:
@@ -356,6 +373,11 @@ class DATHook(Hook):
             grad, loss = self.input_gradient(space.from_pixels(probe).to(x.dtype), samples)
             with torch.no_grad():
                 delta = self.perturbation(space.grad_to_pixels(grad), mask, start)
+            if self._batch_nonfinite:
+                print_log(f'DAT: {self._batch_nonfinite} image(s) had a non-finite attack '
+                          f'gradient at iteration {it} (fp16 overflow?) and were not attacked; '
+                          f'{self.skipped_nonfinite} so far', logger='current',
+                          level=logging.WARNING)
         with torch.no_grad():
             base = x_hat if self.requantize == 'reconstruction' else pixels
             x_adv, adv_codes = self.quantize((base + delta).clamp(0, 1))
@@ -363,6 +385,7 @@ class DATHook(Hook):
             adv = space.from_pixels(x_adv).to(x.dtype)
         self.last_stats = dict(
             **({} if loss is None else {'dat_loss': loss}),
+            dat_nonfinite=float(self._batch_nonfinite),
             dat_random_start=float(start is not None),
             dat_delta=float(delta.flatten(1).norm(dim=1).mean()),
             dat_codes_changed=float((adv_codes != codes).float().mean()),

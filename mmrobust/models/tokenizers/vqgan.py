@@ -309,8 +309,9 @@ class VQGAN(BaseModule):
 
     # -- running -----------------------------------------------------------------------------------
     def _amp(self, x: torch.Tensor):
-        if not self.autocast:
-            return nullcontext()
+        if not self.autocast:  # NOTE: off, even inside the trainer's --amp autocast
+            return torch.autocast(x.device.type, enabled=False) \
+                if x.device.type in ('cuda', 'cpu') else nullcontext()
         if x.device.type == 'cuda':
             return torch.autocast('cuda', dtype=torch.float16)
         if x.device.type == 'cpu' and cpu_has_native_bf16():
