@@ -312,8 +312,9 @@ def generate(src: Path, out: Path, protocol: Protocol, seed: int = 0, workers: i
                 jpeg_quality=jpeg_quality, png_compression=png_compression, lossless=lossless)
     failed: Dict[str, str] = {}
     # NOTE: the conversions of files an earlier run wrote stay listed
+    listed = set(images)
     converted: Dict[str, str] = {k: v for k, v in earlier.get('converted', {}).items()
-                                 if k in set(images)}
+                                 if k in listed}
     written = 0
     start = time.time()
     from tqdm import tqdm
