@@ -123,6 +123,17 @@ def cell_dataloader(cfg: Config, corruption: Optional[str], severity: int, seed:
 
 # -- the results file ------------------------------------------------------------------------------
 
+def _shareable(err: BaseException) -> BaseException:
+    """``err`` if it can be broadcast (pickled), else a RuntimeError with its message: rank 0's
+    error must stop every rank either way."""
+    import pickle
+    try:
+        pickle.dumps(err)
+        return err
+    except Exception:
+        return RuntimeError(f'{type(err).__name__}: {err}')
+
+
 @contextmanager
 def results_lock(path: str, wait: bool = False, poll_s: float = 5.0) -> Iterator[None]:
     """One writer per results file: rank 0 holds its lock for the with-block.
@@ -132,7 +143,6 @@ def results_lock(path: str, wait: bool = False, poll_s: float = 5.0) -> Iterator
     in a short broadcast, and waiting polls (every ``poll_s`` seconds, one broadcast per round),
     so no rank sits in a collective while rank 0 waits or after it failed.
     """
-    import pickle
     rank, world = get_dist_info()
     with ExitStack() as stack:
         told = False
@@ -145,11 +155,7 @@ def results_lock(path: str, wait: bool = False, poll_s: float = 5.0) -> Iterator
                 except FileLockedError as err:
                     outcome = err
                 except Exception as err:
-                    try:
-                        pickle.dumps(err)
-                        outcome = err
-                    except Exception:  # NOTE: still stops every rank, with the message
-                        outcome = RuntimeError(f'{type(err).__name__}: {err}')
+                    outcome = _shareable(err)
             if world > 1:  # NOTE: every rank is here, before any cell: the collective is safe
                 box = [outcome]
                 broadcast_object_list(box)
@@ -228,14 +234,10 @@ def _plan_on_rank0(results: RobustnessResults, protocol: Protocol, folder: str,
 def _broadcast_plan(plan: Optional[_Plan]) -> _Plan:
     """Rank 0's plan (or its error) on every rank, so no rank plans another loop or waits alone
     in a collective."""
-    import pickle
     _, world = get_dist_info()
     if world > 1:
         if plan is not None and plan.error is not None:
-            try:
-                pickle.dumps(plan.error)
-            except Exception:  # NOTE: an exception that does not pickle still stops every rank
-                plan.error = RuntimeError(f'{type(plan.error).__name__}: {plan.error}')
+            plan.error = _shareable(plan.error)
         box = [plan]
         broadcast_object_list(box)
         plan = box[0]
