@@ -1,9 +1,11 @@
 """Shared fixtures (the repository root, the toy datasets, a runner for the CLI tools) and the
 suite's harness: per-test time limits and the check that no test leaves a process behind."""
 import ctypes
+import datetime
 import faulthandler
 import fcntl
 import gc
+import multiprocessing
 import os
 import signal
 import socket
@@ -11,8 +13,9 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 
@@ -65,6 +68,46 @@ def free_port() -> int:
         s.bind(('127.0.0.1', 0))
         return s.getsockname()[1]
 
+
+
+def _rank_entry(fn: Callable, rank: int, world: int, port: int, args: tuple, queue) -> None:
+    import torch.distributed as dist
+    try:
+        dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=60))
+        try:
+            queue.put((rank, None, fn(rank, world, *args)))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:
+        queue.put((rank, traceback.format_exc(), None))
+
+
+def run_ranks(fn: Callable, *args: Any, world: int = 2, limit: float = 180) -> List[Any]:
+    """``[fn(rank, world, *args) for each rank]``, run in ``world`` spawned processes joined in a
+    gloo group (``fn`` a module-level function, its results picklable); a rank's exception
+    fails the test with its traceback."""
+    context = multiprocessing.get_context('spawn')
+    queue = context.Queue()
+    port = free_port()
+    procs = [context.Process(target=_rank_entry, args=(fn, r, world, port, args, queue))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results: Dict[int, Any] = {}
+    try:
+        for _ in range(world):
+            rank, error, result = queue.get(timeout=limit)
+            if error is not None:
+                raise AssertionError(f'rank {rank} of {world} failed:\n{error}')
+            results[rank] = result
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return [results[r] for r in range(world)]
 
 def run_cmd(args, timeout: float = 600, env: Optional[Dict[str, str]] = None,
             check: bool = True) -> subprocess.CompletedProcess:

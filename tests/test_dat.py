@@ -16,7 +16,7 @@ from mmrobust.models import VQGAN
 from mmrobust.models.data_preprocessors import PixelSpace, valid_mask
 from mmrobust.utils import safe_load
 
-from conftest import REPO, free_port, run_cmd, run_tool
+from conftest import REPO, free_port, run_cmd, run_ranks, run_tool
 
 DET_DAT = 'configs/toy/mask-rcnn_fan-t-hybrid_fpn_dat_toy-coco.py'
 R18_DAT = 'configs/toy/mask-rcnn_r18_fpn_dat_toy-coco.py'
@@ -235,6 +235,52 @@ def test_random_start_as_the_reference_draws_it(toy_data):
     assert hook.last_stats['dat_delta'] <= 0.3 + 1e-5
 
 
+class QuadraticLoss(nn.Module):
+    """L(x) = ½‖x − target‖²: its input gradient at x is x − target, in closed form."""
+
+    def __init__(self, target: torch.Tensor) -> None:
+        super().__init__()
+        self.target = target
+
+    def forward(self, x, data_samples=None, mode='loss'):
+        return {'loss': 0.5 * ((x - self.target) ** 2).sum()}
+
+    def parse_losses(self, losses):
+        return losses['loss'], {}
+
+
+def test_random_start_step_is_start_plus_the_gradient_step_at_x0():
+    """δ = (x0 − x̂) + α g(x0)/‖g(x0)‖ exactly, with a cap that does not bind (‖δ‖ < ε): the
+    gradient is taken at the random start x0, not at x̂, and the start is part of δ."""
+    levels = 2 ** 20  # NOTE: a near-transparent quantiser: x_adv − x̂ is δ to 1e-6
+    alpha, eps, it = 0.2, 0.5, 7
+    hook = DATHook(tokenizer=ScalarQuantizer(levels), alpha=alpha, eps=eps, random_start=True,
+                   random_start_prob=1.0, seed=5)
+    hook.space = PixelSpace(nn.Module(), channel_order='rgb', pixel_max=1.)  # the identity
+    torch.manual_seed(0)
+    pixels = 0.3 + 0.4 * torch.rand(2, 3, 8, 8)
+    x_hat = (pixels * levels).round() / levels
+    mask = torch.ones(2, 1, 8, 8, dtype=torch.bool)
+    x0 = x_hat + hook.random_start_noise(pixels.shape, mask, it)
+    assert 0 < x0.min() and x0.max() < 1  # no clamping: x0 − x̂ is the drawn start
+    start = x0 - x_hat
+
+    def unit(v: torch.Tensor) -> torch.Tensor:
+        return v / v.flatten(1).norm(dim=1).view(-1, 1, 1, 1)
+    # a loss whose gradient at x0 points back towards x̂ and sideways: ‖δ‖ < ε
+    g = -unit(start) + 0.8 * unit(torch.randn(pixels.shape))
+    hook._model = QuadraticLoss(target=x0 - g)
+    expected = start + alpha * unit(g)
+    assert (expected.flatten(1).norm(dim=1) < eps - 0.05).all()  # the cap does not bind
+
+    out = hook.attack({'inputs': pixels, 'data_samples': None}, it)
+    assert hook.last_stats['dat_random_start'] == 1
+    torch.testing.assert_close(out['inputs'] - x_hat, expected, atol=2e-6, rtol=0)
+    # what a step from x̂ (no start) or the gradient at x̂ would have given is far from it
+    assert (alpha * unit(x_hat - (x0 - g)) - expected).abs().max() > 1e-2
+    assert (alpha * unit(g) - expected).abs().max() > 1e-2
+
+
 def test_pixel_rms_budget_is_the_same_at_every_size():
     """budget='pixel_rms': alpha is the RMS change per valid pixel, whatever the size and the
     padding; at 224² it is the image budget divided by sqrt(3·224²)."""
@@ -275,52 +321,107 @@ def test_alpha_zero_trains_on_the_round_trip_without_an_attack_pass(toy_data):
     assert hook.last_stats['dat_delta'] == 0
 
 
-def test_attack_pass_runs_no_syncbn_collective(monkeypatch):
-    """SyncBN layers use local batch statistics in the attack pass: with a process group up
-    (where SyncBN on CPU would refuse to run and on GPUs would all-reduce), no collective is
-    called, the input gradient equals plain BN's, and the running statistics do not move."""
-    import torch.distributed as dist
+class _SumOverRanks(torch.autograd.Function):
+    """all_reduce(SUM) whose backward sums the gradients over the ranks, as SyncBN's does."""
 
-    from mmrobust.engine.hooks.dat import local_sync_batchnorm
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+        out = x.clone()
+        dist.all_reduce(out)
+        return out
 
-    class Net(nn.Module):
-        def __init__(self, norm: nn.Module) -> None:
-            super().__init__()
-            self.conv, self.norm = nn.Conv2d(3, 4, 3), norm
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
 
-        def forward(self, x, data_samples=None, mode='loss'):
-            return {'loss': (self.norm(self.conv(x)) ** 2).mean()}
 
-        def parse_losses(self, losses):
-            return losses['loss'], {}
+class CpuSyncBatchNorm(nn.SyncBatchNorm):
+    """torch's SyncBatchNorm on CPU: batch statistics over every rank, differentiable (the
+    backward all-reduces, as torch's does). torch's own refuses CPU tensors (its kernel,
+    aten::batch_norm_stats, has no CPU implementation) and mmcv's is a CUDA op, so a 2-process
+    CPU test needs this; ``_is_sync_bn``-style checks see an ``nn.SyncBatchNorm``."""
 
-    torch.manual_seed(0)
-    sync = Net(nn.SyncBatchNorm(4)).train()
-    plain = Net(nn.BatchNorm2d(4)).train()
-    plain.load_state_dict(sync.state_dict())
-    x = torch.rand(2, 3, 8, 8)
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{free_port()}', rank=0,
-                            world_size=1)
-    try:
-        with pytest.raises(ValueError, match='SyncBatchNorm expected input tensor to be on GPU'):
-            sync(x)  # what the attack pass would hit without the guard
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+        all_reduce = _SumOverRanks.apply
+        self.collectives = getattr(self, 'collectives', 0) + 1
+        dims = [0, *range(2, x.dim())]
+        count = torch.tensor(float(x.numel() // x.shape[1]))
+        dist.all_reduce(count)
+        mean = all_reduce(x.sum(dims)) / count
+        var = all_reduce((x * x).sum(dims)) / count - mean * mean
+        with torch.no_grad():
+            m = self.momentum
+            self.running_mean.mul_(1 - m).add_(m * mean)
+            self.running_var.mul_(1 - m).add_(m * var * count / (count - 1))
+        shape = (1, -1) + (1, ) * (x.dim() - 2)
+        return ((x - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
+                * self.weight.view(shape) + self.bias.view(shape))
 
-        def no_collective(*args, **kwargs):
-            raise AssertionError('a collective ran in the attack pass')
-        for name in ('all_reduce', 'all_gather', 'all_gather_into_tensor', 'broadcast'):
-            monkeypatch.setattr(dist, name, no_collective)
-        hook = DATHook(tokenizer=ScalarQuantizer())
-        grads = []
-        for model in (sync, plain):
-            hook._model = model
-            grads.append(hook.input_gradient(x, None)[0])
-        torch.testing.assert_close(grads[0], grads[1])
-        assert torch.equal(sync.norm.running_mean, torch.zeros(4))
-        with local_sync_batchnorm(sync) as changed:
-            assert changed == 1
-        assert 'forward' not in vars(sync.norm)  # the class's own forward is back
-    finally:
-        dist.destroy_process_group()
+
+class PooledBNNet(nn.Module):
+    """conv, BN, a global pool and BN again (a PSP/ASPP image-pool branch); a quadratic loss."""
+
+    def __init__(self, norm: type) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv, self.norm, self.pooled = nn.Conv2d(3, 4, 3), norm(4), norm(4)
+        self.w = torch.randn(4)
+
+    def forward(self, x, data_samples=None, mode='loss'):
+        y = self.norm(self.conv(x))
+        z = self.pooled(y.mean((2, 3), keepdim=True)).flatten(1)
+        return {'loss': ((y * self.w.view(1, 4, 1, 1)) ** 2).mean((1, 2, 3)).mean()
+                + (z * self.w).sum(1).pow(2).mean()}
+
+    def parse_losses(self, losses):
+        return losses['loss'], {}
+
+
+def _attack_gradients(rank: int, world: int, x: torch.Tensor) -> dict:
+    """One rank: the DAT attack pass's input gradient for its share of ``x`` (SyncBN layers),
+    and with one image per rank."""
+    hook = DATHook(tokenizer=ScalarQuantizer())
+    model = PooledBNNet(CpuSyncBatchNorm).train()
+    hook._model = model
+    before = copy.deepcopy(model.state_dict())
+    share = x.chunk(world)[rank]
+    grad, _ = hook.input_gradient(share, None)
+    one, _ = hook.input_gradient(share[:1], None)  # one image per GPU, then a global pool
+    unchanged = all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    return dict(grad=grad, one=one, unchanged=unchanged, collectives=model.norm.collectives)
+
+
+def test_attack_pass_keeps_syncbn_synchronised():
+    """With 2 processes the attack pass differentiates what DDP + SyncBN train: each rank's input
+    gradient is that of the summed loss over all ranks with statistics over the whole batch (a
+    1-process run on the whole batch); one image per rank through a global pool and BN works,
+    as it does in training; the running statistics are restored."""
+    torch.manual_seed(1)
+    x = torch.rand(4, 3, 8, 8)
+    ranks = run_ranks(_attack_gradients, x)
+
+    def reference(images: torch.Tensor, world: int) -> torch.Tensor:
+        model = PooledBNNet(nn.BatchNorm2d).train()
+        images = images.detach().requires_grad_(True)
+        # NOTE: in DDP every rank differentiates its own loss (a mean over its images) and
+        # SyncBN's backward sums the parts through the shared statistics: the gradient of the
+        # ranks' summed losses, world x the whole batch's mean loss
+        return torch.autograd.grad(world * model(images)['loss'], images)[0]
+    whole = reference(x, 2)
+    for rank, out in enumerate(ranks):
+        torch.testing.assert_close(out['grad'], whole.chunk(2)[rank], rtol=1e-4, atol=1e-6)
+        assert out['unchanged'] and out['collectives'] == 2
+    ones = reference(torch.cat([x[:1], x[2:3]]), 2)
+    for rank, out in enumerate(ranks):
+        torch.testing.assert_close(out['one'], ones[rank:rank + 1], rtol=1e-4, atol=1e-6)
+    # per-rank statistics give another gradient: the comparison above can tell them apart
+    local = reference(x[:2], 1)
+    assert (local - ranks[0]['grad']).abs().max() > 1e-2 * local.abs().max()
 
 
 def test_pixel_space_round_trip_and_chain_rule():

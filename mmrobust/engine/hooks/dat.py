@@ -18,10 +18,11 @@ trains on (after normalisation, padding and batch augments) and the clean and ad
 share their random augmentations. The attack pass runs on the unwrapped module (no DDP
 all-reduce), takes the gradient with respect to the input only (no parameter ``.grad`` is
 touched) and restores every buffer afterwards (BN running statistics are unchanged). SyncBN
-layers normalise with their local batch statistics during the attack pass: their cross-rank
-all-reduce would otherwise run in the forward and backward of a pass that DDP does not see
-(see :func:`local_sync_batchnorm`). Whether an iteration is attacked, and whether it takes a
-random start, are drawn from (seed, iteration) alone, so every rank takes the same path.
+layers stay synchronised in the attack pass: it differentiates the function that is trained
+(statistics over all GPUs), and a global pool followed by BN works at one image per GPU as it
+does in training. Whether an iteration is attacked, and whether it takes a random start, are
+drawn from (seed, iteration) alone, so every rank runs the attack pass at the same iterations
+and SyncBN's collectives (and mmdet's ``reduce_mean`` in the losses) pair up.
 """
 import copy
 import logging
@@ -32,7 +33,6 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterator, Optional, Tuple, Uni
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmengine.dist import get_rank
 from mmengine.hooks import Hook
 from mmengine.logging import MessageHub, print_log
@@ -45,7 +45,7 @@ from ...registry import HOOKS, MODELS
 if TYPE_CHECKING:
     from mmengine.runner import Runner
 
-__all__ = ['DATHook', 'preserved_buffers', 'local_sync_batchnorm']
+__all__ = ['DATHook', 'preserved_buffers']
 
 DATA_BATCH = Optional[Union[dict, tuple, list]]
 
@@ -65,39 +65,6 @@ def preserved_buffers(module: nn.Module) -> Iterator[None]:
         with torch.no_grad():
             for buf, value in saved:
                 buf.copy_(value)
-
-
-def _is_sync_bn(module: nn.Module) -> bool:
-    # NOTE: torch's SyncBatchNorm and mmcv's MMSyncBN (mmcv.ops.SyncBatchNorm) alike
-    return isinstance(module, nn.SyncBatchNorm) or type(module).__name__ == 'SyncBatchNorm'
-
-
-def _local_batch_norm(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        use_batch = module.training or module.running_mean is None
-        return F.batch_norm(x, module.running_mean, module.running_var, module.weight,
-                            module.bias, use_batch, module.momentum or 0., module.eps)
-    return forward
-
-
-@contextmanager
-def local_sync_batchnorm(module: nn.Module) -> Iterator[int]:
-    """Within the block, every SyncBN layer of ``module`` normalises with its local batch
-    statistics, with no collective in forward or backward; yields how many layers it changed.
-
-    The DAT attack pass is an extra forward/backward inside one training step: a cross-rank
-    reduction there would mix the statistics of clean and attacked batches across ranks and,
-    if ranks ever disagree on running it, deadlock. Running statistics move as in training and
-    are restored by :func:`preserved_buffers` around the same pass.
-    """
-    layers = [m for m in module.modules() if _is_sync_bn(m)]
-    for layer in layers:
-        layer.forward = _local_batch_norm(layer)  # NOTE: an instance attribute shadows the class
-    try:
-        yield len(layers)
-    finally:
-        for layer in layers:
-            del layer.forward
 
 
 @HOOKS.register_module()
@@ -300,7 +267,7 @@ class DATHook(Hook):
         """(∇ₓ L(x, y) of the model's total training loss, L) without side effects."""
         model = self._model
         x = x.detach().requires_grad_(True)
-        with preserved_buffers(model), local_sync_batchnorm(model):
+        with preserved_buffers(model):
             losses = model(x, data_samples, mode='loss')
             loss, _ = model.parse_losses(losses)
             # NOTE: fp16 autocast can underflow the input gradient; the step is normalised per
