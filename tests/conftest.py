@@ -7,6 +7,7 @@ import fcntl
 import gc
 import multiprocessing
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -76,7 +77,9 @@ def _rank_entry(fn: Callable, rank: int, world: int, port: int, args: tuple, que
         dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=60))
         try:
-            queue.put((rank, None, fn(rank, world, *args)))
+            # NOTE: plain pickle: a queue shares tensors by file descriptor with a process
+            # that may have exited by the time they are read
+            queue.put((rank, None, pickle.dumps(fn(rank, world, *args))))
         finally:
             dist.destroy_process_group()
     except BaseException:
@@ -100,7 +103,7 @@ def run_ranks(fn: Callable, *args: Any, world: int = 2, limit: float = 180) -> L
             rank, error, result = queue.get(timeout=limit)
             if error is not None:
                 raise AssertionError(f'rank {rank} of {world} failed:\n{error}')
-            results[rank] = result
+            results[rank] = pickle.loads(result)
     finally:
         for p in procs:
             p.join(10)

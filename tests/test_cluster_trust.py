@@ -182,6 +182,8 @@ def test_the_check_runs_after_hooks_that_adapt_the_checkpoint():
     model = _bn_model()
 
     class Adapt(Hook):  # renames an old layout's keys, as a converter hook would
+        priority = 'HIGH'
+
         def after_load_checkpoint(self, runner, checkpoint):
             checkpoint['state_dict'] = {k.replace('backbone.', ''): v
                                         for k, v in checkpoint['state_dict'].items()}

@@ -17,6 +17,7 @@ from mmrobust.models.data_preprocessors import PixelSpace, valid_mask
 from mmrobust.utils import safe_load
 
 from conftest import REPO, free_port, run_cmd, run_ranks, run_tool
+from cpu_sync_bn import SyncBatchNorm
 
 DET_DAT = 'configs/toy/mask-rcnn_fan-t-hybrid_fpn_dat_toy-coco.py'
 R18_DAT = 'configs/toy/mask-rcnn_r18_fpn_dat_toy-coco.py'
@@ -321,48 +322,6 @@ def test_alpha_zero_trains_on_the_round_trip_without_an_attack_pass(toy_data):
     assert hook.last_stats['dat_delta'] == 0
 
 
-class _SumOverRanks(torch.autograd.Function):
-    """all_reduce(SUM) whose backward sums the gradients over the ranks, as SyncBN's does."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-        out = x.clone()
-        dist.all_reduce(out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-        grad = grad.clone()
-        dist.all_reduce(grad)
-        return grad
-
-
-class CpuSyncBatchNorm(nn.SyncBatchNorm):
-    """torch's SyncBatchNorm on CPU: batch statistics over every rank, differentiable (the
-    backward all-reduces, as torch's does). torch's own refuses CPU tensors (its kernel,
-    aten::batch_norm_stats, has no CPU implementation) and mmcv's is a CUDA op, so a 2-process
-    CPU test needs this; ``_is_sync_bn``-style checks see an ``nn.SyncBatchNorm``."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-        all_reduce = _SumOverRanks.apply
-        self.collectives = getattr(self, 'collectives', 0) + 1
-        dims = [0, *range(2, x.dim())]
-        count = torch.tensor(float(x.numel() // x.shape[1]))
-        dist.all_reduce(count)
-        mean = all_reduce(x.sum(dims)) / count
-        var = all_reduce((x * x).sum(dims)) / count - mean * mean
-        with torch.no_grad():
-            m = self.momentum
-            self.running_mean.mul_(1 - m).add_(m * mean)
-            self.running_var.mul_(1 - m).add_(m * var * count / (count - 1))
-        shape = (1, -1) + (1, ) * (x.dim() - 2)
-        return ((x - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
-                * self.weight.view(shape) + self.bias.view(shape))
-
-
 class PooledBNNet(nn.Module):
     """conv, BN, a global pool and BN again (a PSP/ASPP image-pool branch); a quadratic loss."""
 
@@ -386,7 +345,7 @@ def _attack_gradients(rank: int, world: int, x: torch.Tensor) -> dict:
     """One rank: the DAT attack pass's input gradient for its share of ``x`` (SyncBN layers),
     and with one image per rank."""
     hook = DATHook(tokenizer=ScalarQuantizer())
-    model = PooledBNNet(CpuSyncBatchNorm).train()
+    model = PooledBNNet(SyncBatchNorm).train()
     hook._model = model
     before = copy.deepcopy(model.state_dict())
     share = x.chunk(world)[rank]

@@ -7,11 +7,13 @@ import pytest
 import torch
 import torch.nn as nn
 from mmengine.logging import MMLogger
-from mmengine.model import BaseTTAModel
+from mmengine.model import BaseModel, BaseTTAModel
+from mmengine.runner import Runner
 
 from mmrobust.apis import init_model, load_checkpoint_strict
 from mmrobust.engine import StrictLoadHook
 from mmrobust.models.utils import CheckpointMismatchError
+from mmrobust.utils import safe_load
 
 from conftest import REPO, run_cmd
 
@@ -121,3 +123,93 @@ def test_tools_stop_on_a_checkpoint_of_another_variant(tool, fan_t_checkpoint, t
     assert 'CheckpointMismatchError' in proc.stderr
     assert 'shape mismatches (' in proc.stderr and 'missing keys (' in proc.stderr
     assert not list(tmp_path.rglob('*.json')) or tool == 'train.py'  # no results written
+
+
+# -- in a real Runner: a DDP wrapper, EMA and resume -----------------------------------------------
+
+class TinyModel(BaseModel):
+    """conv, BN, pool, linear: a model the Runner trains in a second."""
+
+    def __init__(self, width: int = 4) -> None:
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(3, width, 3), nn.BatchNorm2d(width)
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, inputs, data_samples=None, mode: str = 'tensor'):
+        y = self.head(self.norm(self.conv(inputs)).mean((2, 3)))
+        return {'loss': (y ** 2).mean()} if mode == 'loss' else y
+
+
+class TinyData(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict:
+        return {'inputs': torch.rand(3, 8, 8, generator=torch.Generator().manual_seed(i))}
+
+
+def _runner(work_dir, width: int = 4, iters: int = 2, ema_priority='NORMAL', **kwargs) -> Runner:
+    """A Runner with mmengine's DDP wrapper (a 1-process gloo group), EMAHook and the check."""
+    return Runner(
+        model=TinyModel(width), work_dir=str(work_dir), launcher='pytorch',
+        cfg=dict(model_wrapper_cfg=dict(type='MMDistributedDataParallel', device_ids=None,
+                                        broadcast_buffers=False)),
+        train_dataloader=dict(dataset=TinyData(), batch_size=2, num_workers=0,
+                              sampler=dict(type='DefaultSampler', shuffle=False),
+                              collate_fn=dict(type='default_collate')),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
+        train_cfg=dict(by_epoch=False, max_iters=iters),
+        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1, by_epoch=False),
+                           logger=dict(type='LoggerHook', interval=1)),
+        custom_hooks=[dict(type='EMAHook', priority=ema_priority), StrictLoadHook()],
+        default_scope='mmdet',  # NOTE: the scope the other tests in this process expect
+        experiment_name=f'strict-{width}-{iters}-{work_dir.name}', **kwargs)
+
+
+@pytest.fixture
+def one_process_group(monkeypatch):
+    import torch.distributed as dist
+
+    from conftest import free_port
+    for key, value in (('RANK', '0'), ('LOCAL_RANK', '0'), ('WORLD_SIZE', '1')):
+        monkeypatch.setenv(key, value)
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{free_port()}', rank=0,
+                            world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize('ema_priority', ['NORMAL', 49], ids=['ema-normal', 'ema-mmdet'])
+def test_runner_resume_with_ddp_and_ema_loads_strictly(ema_priority, tmp_path, one_process_group):
+    """A checkpoint of a DDP-wrapped model with EMA resumes through the check (the EMA hook
+    swaps its weights back first); another width stops the resume and a `load_from` with the
+    lists, before training starts and before the EMA hook (at mmengine's priority or mmdet's
+    49) meets the mismatch itself."""
+    from mmengine.model import MMDistributedDataParallel
+    first = _runner(tmp_path / 'a', ema_priority=ema_priority)
+    assert isinstance(first.model, MMDistributedDataParallel)
+    first.train()
+    saved = str(tmp_path / 'a' / 'iter_2.pth')
+    ckpt = safe_load(saved)
+    assert 'ema_state_dict' in ckpt  # the EMA hook took part in saving
+
+    resumed = _runner(tmp_path / 'b', iters=3, ema_priority=ema_priority, resume=True,
+                      load_from=saved)
+    resumed.train()
+    hook = next(h for h in resumed.hooks if isinstance(h, StrictLoadHook))
+    assert hook.last_load == {'matched': len(ckpt['state_dict']), 'missing': [],
+                              'unexpected': [], 'errors': []}
+    assert resumed.iter == 3
+
+    for options in (dict(resume=True), {}):
+        wider = _runner(tmp_path / f'c{len(options)}', width=8, ema_priority=ema_priority,
+                        load_from=saved, **options)
+        before = {k: v.clone() for k, v in wider.model.module.state_dict().items()}
+        with pytest.raises(CheckpointMismatchError, match=r'norm.weight: checkpoint \(4\) vs '
+                                                          r'model \(8\)'):
+            wider.train()
+        assert wider.iter == 0  # stopped at the load, not after training
+        assert all(torch.equal(v, wider.model.module.state_dict()[k])
+                   for k, v in before.items())  # nothing was copied

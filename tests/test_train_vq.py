@@ -11,10 +11,12 @@ from mmengine.registry import init_default_scope
 
 from mmrobust.datasets import ImageCrops, ImageCropsDataset
 from mmrobust.engine import VQOptimWrapperConstructor
+from mmrobust.engine.hooks.strict_load import loadable_state
 from mmrobust.models.tokenizers import VQGAN, VQTokenizerTrainer
 from mmrobust.models.tokenizers.trainer import ema_update
 
-from conftest import REPO, TOKENIZER_CONFIGS, config_id, free_port, run_cmd, run_tool
+from conftest import REPO, TOKENIZER_CONFIGS, config_id, free_port, run_cmd, run_ranks, run_tool
+from cpu_sync_bn import convert_to_cpu_sync_bn
 
 CONFIG = 'configs/tokenizers/vq-small-f16_toy-coco.py'
 # a small, fast version of the toy recipe: 32 codes, 32-px crops, 4 held-out images
@@ -99,7 +101,71 @@ def test_tokenizer_trains_on_two_processes_with_amp_gan_and_ema(toy_data, tmp_pa
     VQGAN(_small_arch(), checkpoint=str(work / 'iter_2.pth'))
 
 
+def _train_tokenizer(rank: int, world: int, images: torch.Tensor, restarts: bool) -> dict:
+    """Train the small tokenizer (EMA codebook) on ``images[it]``, split over the ranks, with
+    the wrapper and SyncBN the tokenizer configs use in DDP; its state at the end. With
+    ``restarts``: code restarts every iteration and the PatchGAN term. Without, the codebook
+    starts as initialised (no restart from one rank's latents), so a run on all images in one
+    process is the same computation."""
+    from mmengine.model import MMSeparateDistributedDataParallel
+    init_default_scope('mmdet')
+    model = _trainer(gan_weight=0.1 if restarts else 0., codebook_ema=0.9,
+                     dead_code_interval=1 if restarts else 0)
+    if not restarts:
+        model.state.codebook_ready.fill_(True)
+    wrapped = model
+    if world > 1:  # NOTE: what the Runner does with the config's sync_bn='torch' (on the CPU)
+        wrapped = MMSeparateDistributedDataParallel(convert_to_cpu_sync_bn(model))
+    # NOTE: built after the wrapping, as the Runner does (SyncBN has new parameters); SGD, not
+    # Adam: Adam's first steps are about lr * sign(g), so float-rounding differences of a
+    # gradient near 0 would flip whole steps, and this compares the algorithm
+    sgd = dict(type='OptimWrapper', optimizer=dict(type='SGD', lr=0.1))
+    wrappers = VQOptimWrapperConstructor(dict(generator=sgd, discriminator=sgd))(model)
+    for it, batch in enumerate(images):
+        MessageHub.get_current_instance().update_info('iter', it)
+        wrapped.train_step({'inputs': batch.chunk(world)[rank]}, wrappers)
+    return {k: v.detach().clone() for k, v in loadable_state(model).items()}
+
+
+def _train_tokenizers(rank: int, world: int, images: torch.Tensor) -> tuple:
+    """One rank: the tokenizer trained without and with code restarts."""
+    return tuple(_train_tokenizer(rank, world, images, restarts) for restarts in (False, True))
+
+
+@pytest.mark.slow
+def test_two_ranks_train_one_tokenizer_and_the_one_of_a_single_process():
+    """2 processes (gloo; the config's MMSeparateDistributedDataParallel and SyncBN): the ranks
+    end with the same codebook, tokenizer (BN statistics included) and discriminator, bit for
+    bit, with code restarts (rank 0's draw) and the PatchGAN term and without. Without, the
+    tokenizer is the one a single process trains on both ranks' images together (DDP averages
+    the gradients, the EMA codebook sums the statistics, SyncBN normalises over both): every
+    tensor's change from its initial value agrees to 0.1%."""
+    torch.manual_seed(3)
+    images = torch.rand(2, 4, 3, 32, 32)  # 2 iterations of 2 images per rank
+    (ranks, restarted) = zip(*run_ranks(_train_tokenizers, images))
+    single = _train_tokenizer(0, 1, images, False)
+    initial = _train_tokenizer(0, 1, images[:0], False)
+    for a, b in (ranks, restarted):
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a
+                                                          if not torch.equal(a[k], b[k])]
+    codebook = 'tokenizer.quantize.embedding.weight'
+    assert not torch.equal(ranks[0][codebook], restarted[0][codebook])
+    assert ranks[0].keys() == single.keys()
+    moved, floats = 0, 0
+    for key, value in single.items():
+        if not value.is_floating_point():
+            assert torch.equal(ranks[0][key], value), key  # usage counts, step counters
+            continue
+        change = (value - initial[key]).norm()
+        moved, floats = moved + bool(change > 0), floats + 1
+        assert (ranks[0][key] - value).norm() <= 1e-3 * change + 1e-6, key
+    # the comparison is of trained values, the codebook's among them
+    assert moved > 0.9 * floats and not torch.equal(single[codebook], initial[codebook])
+
+
 def _trainer(**kwargs) -> VQTokenizerTrainer:
+    init_default_scope('mmdet')  # NOTE: not whatever scope an earlier test left current
     torch.manual_seed(0)
     return VQTokenizerTrainer(dict(type='VQGAN', arch=_small_arch()), **kwargs)
 

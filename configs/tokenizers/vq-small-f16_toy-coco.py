@@ -57,6 +57,9 @@ env_cfg = dict(cudnn_benchmark=False, dist_cfg=dict(backend='nccl'))
 # two optimizers: DDP wraps the tokenizer and the discriminator separately
 model_wrapper_cfg = dict(type='MMSeparateDistributedDataParallel', broadcast_buffers=False,
                          find_unused_parameters=False)
+# NOTE: BatchNorm tokenizer (the toy arch): in DDP its statistics are those of the whole batch,
+# so every rank trains (and keeps) the same tokenizer as one process on all the images would
+sync_bn = 'torch'
 randomness = dict(seed=0)
 log_level = 'INFO'
 load_from = None

@@ -186,7 +186,12 @@ def setup_distributed(cfg: Config) -> None:
         dist.init_process_group(backend='gloo', rank=int(os.environ['RANK']),
                                 world_size=int(os.environ['WORLD_SIZE']))
     cfg.env_cfg.setdefault('dist_cfg', {})['backend'] = 'gloo'
-    if _replace_sync_bn(cfg.model):
+    # NOTE: SyncBN in the model's norm configs, or all BN turned into SyncBN by the Runner
+    # (`sync_bn`, as the tokenizer configs ask for DDP)
+    sync = _replace_sync_bn(cfg.model)
+    if cfg.get('sync_bn'):
+        cfg.sync_bn, sync = None, True
+    if sync:
         print_log('SyncBN needs GPUs: using per-process BN for this CPU run', logger='current')
     wrapper = cfg.get('model_wrapper_cfg') or dict(type='MMDistributedDataParallel')
     wrapper.setdefault('broadcast_buffers', False)

@@ -4,8 +4,11 @@ mmengine's Runner loads `load_from` / `--resume` checkpoints with ``strict=False
 of another architecture prints "do not match exactly" and the run goes on with a mostly random
 model. :class:`StrictLoadHook` checks the checkpoint against the model in mmengine's own
 ``after_load_checkpoint`` call, which every Runner load (``load_from``, resume, ``test``) goes
-through, and raises with the lists before a single tensor is copied. It runs last among the
-hooks (after those that adapt ``checkpoint['state_dict']``) and judges by mmengine's own rules:
+through, and raises with the lists before a single tensor is copied. It runs at priority
+ABOVE_NORMAL: after hooks that adapt ``checkpoint['state_dict']`` (key converters: give them
+priority HIGH or above) and before the hooks that load tensors from it (mmengine's EMAHook,
+NORMAL, or 49 in mmdet's configs, whose own load would otherwise stop first with torch's bare
+size-mismatch error). It judges by mmengine's own rules:
 a dry run of mmengine's loading on a meta-device copy of the model, so every module's
 ``_load_from_state_dict`` (key remaps, version upgrades) counts and a missing BatchNorm
 ``num_batches_tracked`` is exempt, as mmengine exempts it.
@@ -137,7 +140,9 @@ class StrictLoadHook(Hook):
             intended partial load, e.g. fine-tuning with another number of classes).
     """
 
-    priority = 'VERY_LOW'  # NOTE: after the hooks that adapt checkpoint['state_dict']
+    # NOTE: after hooks that adapt checkpoint['state_dict'] (HIGH and above), before EMAHook
+    # (NORMAL; 49 in mmdet's configs), which loads the checkpoint into its EMA copy
+    priority = 'ABOVE_NORMAL'
 
     def __init__(self, allow_partial: bool = False) -> None:
         self.allow_partial = allow_partial
