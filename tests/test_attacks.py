@@ -152,3 +152,11 @@ def test_test_data_without_ground_truth_says_which_step_to_add(toy_data):
         del sample.gt_sem_seg
     with pytest.raises(AttackError, match=r"LoadAnnotations.*test_dataloader.dataset.pipeline"):
         attack_batch(model, data, Attack.from_name('pgd_linf', EPS))
+
+
+def test_cost_benchmark_prints_the_ratio_to_a_clean_cell(toy_data, in_repo):
+    from conftest import run_tool
+    proc = run_tool('analysis_tools/benchmark_attacks.py', '--images', '1', '--rounds', '1',
+                    '--steps', '1')
+    assert '| clean |' in proc.stdout and '| pgd_linf (1 step) |' in proc.stdout
+    assert 'x (' in proc.stdout and 'load average' in proc.stdout

@@ -360,3 +360,73 @@ def test_errors_name_the_valid_choices(tmp_path):
     with pytest.raises(FileNotFoundError, match='does not exist'):
         apply_test_args(Config.fromfile(str(REPO / DET_CFG)), str(tmp_path / 'x.pth'), None,
                         False, None, 0, False)
+
+
+# -- adversarial cells -----------------------------------------------------------------------------
+
+ATTACK_CELLS = ['--corruptions', 'gaussian_noise', '--severities', '1', '--attacks', 'pgd_linf',
+                'segpgd_linf', '--epsilons', '0', '2/255', '8/255', '--attack-steps', '2']
+SEG_FEW = [*NO_WORKERS, 'test_dataloader.dataset.indices=3']
+
+
+@pytest.mark.slow
+def test_attack_cells_beside_corruptions_resume_and_report(toy_data, tmp_path):
+    """Attack cells in the results file next to a corruption cell: epsilon 0 is the clean
+    score exactly, the score falls with epsilon, the report has the table, CSV and curve, a rerun
+    does nothing, and 2 processes give the numbers of 1 (per-image seeding)."""
+    ckpt = _init_checkpoint(SEG_CFG, tmp_path / 'seg.pth')
+    results = tmp_path / 'r.json'
+    proc = run_tool('test_robustness.py', SEG_CFG, ckpt, *ATTACK_CELLS, '--results', results,
+                    '--work-dir', tmp_path / 'w', *SEG_FEW)
+    data = json.loads(results.read_text())
+    assert data['attacks']['pgd_linf']['epsilons'] == [0.0, 2 / 255, 8 / 255]
+    assert data['attacks']['pgd_linf']['settings']['steps'] == 2
+    cells = data['cells']
+    for attack in ('pgd_linf', 'segpgd_linf'):
+        assert cells[attack]['1'] == cells['clean']['0']  # epsilon 0: the clean images
+        miou = [cells[attack][k]['mIoU'] for k in ('1', '2', '3')]
+        assert miou[0] > miou[1] >= miou[2], (attack, miou)
+    assert 'mIoU under attack' in proc.stdout and '| pgd_linf | 0.031373 | 8 |' in proc.stdout
+    report = tmp_path / 'r_report'
+    assert (report / 'adversarial_mIoU.png').is_file() and (report / 'attacks.csv').is_file()
+    summary = robustness_summary(cells)  # the attack cells are not corruptions
+    assert summary['cells'] == 1 and summary['metrics']['mIoU']['mPC'] == \
+        cells['gaussian_noise']['1']['mIoU']
+
+    before = results.read_text()
+    run_tool('test_robustness.py', SEG_CFG, ckpt, *ATTACK_CELLS, '--results', results,
+             '--work-dir', tmp_path / 'w', *SEG_FEW)
+    assert json.loads(results.read_text())['timing'] == json.loads(before)['timing']
+
+    double = tmp_path / 'two.json'
+    run_cmd(['bash', REPO / 'tools/dist_test.sh', SEG_CFG, ckpt, '2', *ATTACK_CELLS[4:],
+             '--results', double, '--work-dir', tmp_path / 'w2', *SEG_FEW],
+            env={'TOOL': 'test_robustness.py', 'PORT': str(29500 + np.random.randint(1000))})
+    two = _cells(double)
+    assert set(two) == {'clean', 'pgd_linf', 'segpgd_linf'}
+    for attack in ('pgd_linf', 'segpgd_linf'):
+        for k in ('1', '2', '3'):
+            for metric, value in cells[attack][k].items():
+                assert two[attack][k][metric] == pytest.approx(value, abs=0.05), (attack, k)
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--attacks', 'pgd_l3', '--epsilons', '1/255'], "unknown attack 'pgd_l3'; choose from"),
+    (['--attacks', 'pgd_linf', '--epsilons=-1/255'], 'epsilon must be a finite number >= 0'),
+    (['--attacks', 'pgd_linf', '--epsilons', 'x'], 'is not a number'),
+    (['--attacks', 'pgd_linf'], 'attacks need their budgets'),
+    (['--epsilons', '1/255'], '--epsilons needs --attacks'),
+])
+def test_bad_attack_arguments_stop_before_anything_is_built(args, message, tmp_path):
+    proc = run_tool('test_robustness.py', SEG_CFG, tmp_path / 'none.pth', *args, check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_segmentation_attack_on_a_detector_stops_before_inference(toy_data, tmp_path):
+    ckpt = _init_checkpoint(DET_CFG, tmp_path / 'det.pth')
+    proc = run_tool('test_robustness.py', DET_CFG, ckpt, '--attacks', 'cospgd_linf',
+                    '--epsilons', '1/255', '--work-dir', tmp_path / 'w', *NO_WORKERS,
+                    'test_dataloader.dataset.indices=2', check=False)
+    assert proc.returncode != 0 and 'it is for segmentors' in proc.stderr
+    assert 'pgd_linf for detectors' in proc.stderr and 'images (' not in proc.stderr

@@ -4,6 +4,8 @@
     python tools/test_robustness.py CONFIG CKPT --protocol cityscapes_c \\
         --corrupted-root data/cityscapes-c                                     # stored set
     python tools/test_robustness.py CONFIG CKPT --corruptions fog snow --severities 3 5
+    python tools/test_robustness.py CONFIG CKPT --attacks pgd_linf \
+        --epsilons 1/255 2/255 4/255 8/255 --attack-steps 10             # adversarial cells
     TOOL=test_robustness.py bash tools/dist_test.sh CONFIG CKPT 8 --protocol benchmark
 
 The model is built and the checkpoint loaded once, the test dataset once: one dataloader serves
@@ -39,9 +41,10 @@ from mmrobust.apis import (
     build_runner,
     parse_launch_args,
 )
-from mmrobust.corruptions import resolve_protocol
+from mmrobust.corruptions import Protocol, resolve_protocol
 from mmrobust.engine.hooks.strict_load import strict_load_outcome
 from mmrobust.evaluation import evaluate_robustness, results_lock
+from mmrobust.evaluation.attacks import AttackError, attack_names, attack_plan
 from mmrobust.evaluation.coco_metric import COCO_BACKENDS, DEFAULT_ROBUSTNESS_BACKEND
 from mmrobust.evaluation.report import plot, summary_markdown, write_csv
 from mmrobust.evaluation.results import ShardError, parse_shard, report_dir
@@ -91,6 +94,20 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--per-cell-loaders', action='store_true',
                         help='build the test dataset and its dataloader anew for every cell (the '
                              'loop before the one-pass loader; the same inputs, slower)')
+    parser.add_argument('--attacks', nargs='+', default=None, metavar='ATTACK',
+                        help='white-box attack cells, each at every --epsilons: '
+                             f'{", ".join(attack_names())} (segpgd / cospgd: segmentors); '
+                             'without --protocol / --corruptions only these cells run')
+    parser.add_argument('--epsilons', nargs='+', default=None, metavar='EPS',
+                        help='attack budgets in [0, 1] RGB pixel units, e.g. 1/255 8/255 '
+                             '(L-inf: per pixel value; L2: the norm over the image)')
+    parser.add_argument('--attack-steps', type=int, default=10, help='PGD iterations (10)')
+    parser.add_argument('--attack-step-size', type=float, default=None,
+                        help='default: 2.5 * epsilon / steps (FGSM: epsilon)')
+    parser.add_argument('--attack-random-start', action='store_true',
+                        help='start from a uniform point of the epsilon-ball')
+    parser.add_argument('--attack-restarts', type=int, default=1,
+                        help='random restarts (needs --attack-random-start); the strongest kept')
     parser.add_argument('--work-dir', help='logs and the default results file go here')
     add_launch_args(parser)
     return parse_launch_args(parser)
@@ -104,7 +121,18 @@ def main() -> None:
         shard = parse_shard(args.shard) if args.shard else None
     except ShardError as err:
         sys.exit(f'error: {err}')
-    protocol = resolve_protocol(args.protocol, args.corruptions, args.severities)
+    try:
+        attacks = attack_plan(args.attacks or (), args.epsilons, args.attack_steps,
+                              args.attack_step_size, args.attack_random_start,
+                              args.attack_restarts, args.seed)
+    except AttackError as err:
+        sys.exit(f'error: {err}')
+    if args.epsilons and not attacks:
+        sys.exit('error: --epsilons needs --attacks (e.g. --attacks pgd_linf)')
+    if attacks and args.protocol is None and args.corruptions is None:
+        protocol = Protocol('attacks', 'adversarial cells only', {})
+    else:
+        protocol = resolve_protocol(args.protocol, args.corruptions, args.severities)
     cfg = Config.fromfile(args.config)
     cfg = apply_common_args(cfg, args.config, args.launcher, args.work_dir, args.cfg_options)
     cfg = apply_test_args(cfg, args.checkpoint, None, False, None, 0, False)
@@ -121,7 +149,7 @@ def main() -> None:
             corrupted_root=args.corrupted_root, checkpoint=args.checkpoint,
             save_predictions=args.save_predictions, checkpoint_load=strict_load_outcome(runner),
             coco_backend=args.coco_backend, metric_queue=args.metric_queue,
-            one_pass=not args.per_cell_loaders, shard=shard)
+            one_pass=not args.per_cell_loaders, shard=shard, attacks=attacks)
         runner.call_hook('after_run')
         if runner.rank == 0:
             label = osp.splitext(osp.basename(args.config))[0]

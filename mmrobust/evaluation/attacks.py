@@ -123,6 +123,13 @@ class Attack:
             return float(self.step_size)
         return self.eps if self.name == 'fgsm' else 2.5 * self.eps / self.steps
 
+    def check_model(self, model: nn.Module) -> None:
+        """Raise :class:`AttackError` if this attack is not defined for ``model``."""
+        if self.name in SEGMENTATION_ONLY and not _is_segmentor(model):
+            raise AttackError(f'{self.label} attacks per-pixel class scores: it is for '
+                              f'segmentors (mmseg), and {type(model).__name__} is not one; use '
+                              f'pgd_{self.norm} for detectors')
+
     def settings(self) -> Dict:
         """Everything that decides the attack (for results identities)."""
         return {**asdict(self), 'alpha': self.alpha}
@@ -303,10 +310,7 @@ def attack_batch(model: nn.Module, data: dict, attack: Attack,
     """
     module = model.module if is_model_wrapper(model) else model
     segmentor = _is_segmentor(module)
-    if attack.name in SEGMENTATION_ONLY and not segmentor:
-        raise AttackError(f'{attack.label} attacks per-pixel class scores: it is for segmentors '
-                          f'(mmseg), and {type(module).__name__} is not one; use pgd_'
-                          f'{attack.norm} for detectors')
+    attack.check_model(module)
     if attack.eps == 0:
         return AttackResult(data)
     x, samples = data['inputs'], data.get('data_samples')

@@ -40,8 +40,10 @@ def robustness_summary(cells: Cells, protocol: Optional[Protocol] = None) -> Dic
         by_severity = cells.get(corruption) or {}
         return by_severity.get(severity, by_severity.get(str(severity)))
 
+    from .attacks import is_attack_cell  # NOTE: attack cells are not corruptions
     wanted = protocol.cells() if protocol is not None else [
-        (c, int(s)) for c, sevs in cells.items() if c != CLEAN for s in sevs]
+        (c, int(s)) for c, sevs in cells.items()
+        if c != CLEAN and not is_attack_cell(c) for s in sevs]
     present = [(c, s, get(c, s)) for c, s in wanted if get(c, s) is not None]
     missing = [(c, s) for c, s in wanted if get(c, s) is None]
     clean = get(CLEAN, 0) or {}

@@ -27,6 +27,40 @@ def summarize(results: Mapping) -> Dict:
     return robustness_summary(results['cells'], _protocol_of(results))
 
 
+def adversarial_curves(results: Mapping) -> Dict[str, Dict[str, List[Tuple[float, float]]]]:
+    """``{metric: {attack: [(epsilon, value), ...]}}`` of a results file's attack cells, from
+    epsilon 0 (the clean score) up; empty without attacks."""
+    curves: Dict[str, Dict[str, List[Tuple[float, float]]]] = {}
+    clean = results['cells'].get('clean', {})
+    clean = clean.get(0, clean.get('0', {}))
+    for attack, entry in (results.get('attacks') or {}).items():
+        by_index = results['cells'].get(attack, {})
+        for k, eps in enumerate(entry['epsilons'], start=1):
+            scores = by_index.get(k, by_index.get(str(k)))
+            for metric, value in (scores or {}).items():
+                points = curves.setdefault(metric, {}).setdefault(attack, [])
+                if not points and metric in clean and eps > 0:
+                    points.append((0.0, float(clean[metric])))
+                points.append((float(eps), float(value)))
+    return curves
+
+
+def _adversarial_markdown(results_by_label: Mapping[str, Mapping], metrics: Sequence[str]
+                          ) -> List[str]:
+    lines: List[str] = []
+    curves = {label: adversarial_curves(r) for label, r in results_by_label.items()}
+    for name in metrics:
+        rows = [(label, attack, eps, value) for label, by_metric in curves.items()
+                for attack, points in by_metric.get(name, {}).items() for eps, value in points]
+        if not rows:
+            continue
+        lines += ['', f'{name} under attack (epsilon in [0, 1] RGB pixel units; 0: clean):', '',
+                  '| model | attack | epsilon | epsilon x 255 | value |', '|---|---|---|---|---|']
+        lines += [f'| {label} | {attack} | {eps:.5g} | {eps * 255:.3g} | {_fmt(value)} |'
+                  for label, attack, eps, value in rows]
+    return lines
+
+
 def main_metrics(summaries: Mapping[str, Dict]) -> List[str]:
     """The headline metrics present (box/mask AP, mIoU), else every metric."""
     names: List[str] = []
@@ -75,6 +109,7 @@ def summary_markdown(results_by_label: Mapping[str, Mapping],
                       for s in summaries.values()]
             if any(v == v for v in values):
                 lines.append(f'| *{cat}* | ' + ' | '.join(_fmt(v) for v in values) + ' |')
+    lines += _adversarial_markdown(results_by_label, metrics)
     return '\n'.join(lines)
 
 
@@ -87,7 +122,8 @@ def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str) -> Tuple[st
         writer.writerow(['model', 'corruption', 'category', 'severity', 'metric', 'value'])
         for label, results in results_by_label.items():
             for corruption, by_severity in results['cells'].items():
-                category = CORRUPTIONS[corruption].category if corruption in CORRUPTIONS else ''
+                category = CORRUPTIONS[corruption].category if corruption in CORRUPTIONS else (
+                    'adversarial' if corruption in (results.get('attacks') or {}) else '')
                 for severity, scores in sorted(by_severity.items(), key=lambda kv: int(kv[0])):
                     for metric, value in scores.items():
                         writer.writerow([label, corruption, category, severity, metric, value])
@@ -99,6 +135,16 @@ def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str) -> Tuple[st
             for metric, m in summary['metrics'].items():
                 writer.writerow([label, metric, m['P_clean'], m['mPC'], m['rPC'],
                                  summary['cells'], len(summary['missing'])])
+    curves = {label: adversarial_curves(r) for label, r in results_by_label.items()}
+    if any(curves.values()):
+        with open(osp.join(out_dir, 'attacks.csv'), 'w', newline='') as f:
+            writer = csv.writer(f)
+            writer.writerow(['model', 'attack', 'epsilon', 'metric', 'value'])
+            for label, by_metric in curves.items():
+                for metric, by_attack in by_metric.items():
+                    for attack, points in by_attack.items():
+                        for eps, value in points:
+                            writer.writerow([label, attack, eps, metric, value])
     return cells_path, summary_path
 
 
@@ -147,6 +193,19 @@ def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
         written.append(_finish(fig, ax, f'{name} (mean over corruptions)',
                                f'{name} per severity',
                                osp.join(out_dir, f'per_severity_{safe}.png')))
+
+        curves = {label: adversarial_curves(r).get(name, {})
+                  for label, r in results_by_label.items()}
+        if any(curves.values()):
+            fig, ax = plt.subplots(figsize=(5.5, 4))
+            for i, (label, by_attack) in enumerate(curves.items()):
+                for j, (attack, points) in enumerate(by_attack.items()):
+                    ax.plot([e * 255 for e, _ in points], [v for _, v in points], marker='o',
+                            color=f'C{i}', linestyle=('-', '--', ':', '-.')[j % 4],
+                            label=f'{label} {attack}')
+            ax.set_xlabel('epsilon x 255 (0 = clean)')
+            written.append(_finish(fig, ax, name, f'{name} under attack',
+                                   osp.join(out_dir, f'adversarial_{safe}.png')))
     return written
 
 

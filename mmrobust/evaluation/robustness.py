@@ -25,12 +25,21 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from mmengine.config import Config, ConfigDict
 from mmengine.dist import barrier, broadcast_object_list, get_dist_info
 from mmengine.logging import print_log
+from mmengine.model import is_model_wrapper
 
 from ..corruptions import Protocol
 from ..utils.config_checks import leaf_datasets
 from ..utils.io import TMP_MARK, FileLockedError, exclusive_lock
 from ..utils.progress import Progress
 from ..version import __version__
+from .attacks import (
+    AttackError,
+    annotations_after_resize,
+    attack_batch,
+    attack_cells,
+    attack_of_cell,
+    is_attack_cell,
+)
 from .background import (
     InferenceLoop,
     MetricWorker,
@@ -205,7 +214,8 @@ class _Plan:
 
 
 def _plan_on_rank0(results: RobustnessResults, protocol: Protocol, folder: str,
-                   shard: Optional[Tuple[int, int]] = None) -> _Plan:
+                   shard: Optional[Tuple[int, int]] = None,
+                   attacks: Optional[Dict[str, Dict]] = None) -> _Plan:
     """The cells left to do (of ``shard`` only, if given); predictions a killed run saved are
     used instead of inference."""
     saved, foreign = saved_cells(folder, identity_sha256(results.identity))
@@ -219,7 +229,7 @@ def _plan_on_rank0(results: RobustnessResults, protocol: Protocol, folder: str,
                 os.remove(osp.join(folder, name))
     for cell in [c for c in saved if results.done(*c)]:  # killed after recording, before removal
         os.remove(saved.pop(cell))
-    cells = [(CLEAN, 0)] + protocol.cells()
+    cells = [(CLEAN, 0)] + protocol.cells() + attack_cells(attacks or {})
     if shard is not None:
         cells = shard_cells(cells, *shard)
     todo = [(c, s) for c, s in cells if not results.done(c, s)]
@@ -261,7 +271,8 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
                         progress: bool = True, checkpoint_load: Optional[Dict] = None,
                         coco_backend: Optional[str] = None,
                         metric_queue: int = DEFAULT_METRIC_QUEUE, one_pass: bool = True,
-                        shard: Optional[Tuple[int, int]] = None) -> Dict:
+                        shard: Optional[Tuple[int, int]] = None,
+                        attacks: Optional[Dict[str, Dict]] = None) -> Dict:
     """Evaluate the clean set and every cell of ``protocol``; returns the results dict (rank 0;
     an empty dict on the other ranks).
 
@@ -285,6 +296,11 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     ``one_pass`` (default) serves every cell from one dataloader (the dataset built once, its
     workers kept; the same inputs as a dataloader per cell, which ``one_pass=False`` builds).
 
+    ``attacks`` (:func:`~.attacks.attack_plan`) adds adversarial cells ``(attack, k)``, the k-th
+    epsilon: the clean images through a dataloader of their own, attacked in the model's data
+    preprocessor (:func:`~.attacks.attack_batch`); they are in the results' ``attacks`` and
+    ``cells``, not in mPC / rPC.
+
     Raises:
         MetricWorkerError: the metric worker died or its metric failed; the cell's predictions
             are kept and a rerun resumes from them.
@@ -297,6 +313,11 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     if corrupted_root is None:
         for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
             find_loading_step(list(dataset['pipeline']))
+    if attacks:  # NOTE: stop before any inference when the attacks cannot run
+        check_attack_pipeline(cfg)
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        for name in attacks:
+            attack_of_cell(attacks, name, 1).check_model(model)
     # NOTE: an unknown or missing backend stops here, before any inference
     cell_evaluator, backends = select_coco_backend(copy.deepcopy(cfg.test_evaluator),
                                                    coco_backend, DEFAULT_ROBUSTNESS_BACKEND)
@@ -319,6 +340,8 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
                 'scope': cfg.get('default_scope'), 'mmrobust': __version__,
                 'shard': {'index': shard[0], 'count': shard[1]} if shard else None,
             }
+            if attacks:  # NOTE: absent without attacks, so earlier results files still resume
+                identity['attacks'] = attacks
             if checkpoint_load is not None:
                 identity['checkpoint_load'] = checkpoint_load
                 if any(checkpoint_load.get(k) for k in ('missing', 'unexpected', 'errors')):
@@ -327,7 +350,7 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
             results = RobustnessResults(results_path, identity)
             if backends:  # the latest run's; each cell records its own in its timing
                 results.data['coco_backend'] = ', '.join(backends)
-            plan = _plan_on_rank0(results, protocol, folder, shard)
+            plan = _plan_on_rank0(results, protocol, folder, shard, attacks or {})
         except Exception as err:
             plan = _Plan(infer=[], error=err)
     plan = _broadcast_plan(plan)
@@ -436,12 +459,14 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
             record(cell, metrics, {**payload['timing'], 'resumed_from_predictions': True,
                                    'metric_s': seconds, 'wait_s': seconds}, path)
 
-        if plan.infer:
+        attacked = [c for c in plan.infer if is_attack_cell(c[0])]
+        corrupted = [c for c in plan.infer if not is_attack_cell(c[0])]
+        if corrupted:
             inference = None
             if one_pass:
                 try:
-                    inference = _one_pass_cells(runner, cfg, plan.infer, metric_cfgs(
-                        plan.infer[0])[0], seed, bgr_compat, corrupted_root, progress_bar)
+                    inference = _one_pass_cells(runner, cfg, corrupted, metric_cfgs(
+                        corrupted[0])[0], seed, bgr_compat, corrupted_root, progress_bar)
                 except OnePassUnsupported as err:
                     loader_kind = f'per-cell ({err})'
                     print_log(f'one dataloader cannot serve every cell ({err}): each cell builds '
@@ -449,9 +474,17 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
             else:
                 loader_kind = 'per-cell (asked for)'
             if inference is None:
-                inference = _per_cell_cells(runner, cfg, plan.infer, metric_cfgs, seed,
+                inference = _per_cell_cells(runner, cfg, corrupted, metric_cfgs, seed,
                                             bgr_compat, corrupted_root, progress_bar)
             for cell, parts, loop_metrics, dataset_meta, timing in inference:
+                if rank == 0:
+                    assert parts is not None
+                    finish(cell, parts, loop_metrics, dataset_meta, timing)
+        if attacked:
+            assert attacks
+            for cell, parts, loop_metrics, dataset_meta, timing in _per_cell_cells(
+                    runner, cfg, attacked, metric_cfgs, seed, bgr_compat, None, progress_bar,
+                    attacks):
                 if rank == 0:
                     assert parts is not None
                     finish(cell, parts, loop_metrics, dataset_meta, timing)
@@ -471,7 +504,8 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     if rank == 0:
         assert results is not None
         results.data['loader'] = loader_kind
-        if all(results.done(c, s) for c, s in [(CLEAN, 0)] + protocol.cells()):
+        if all(results.done(c, s) for c, s in [(CLEAN, 0)] + protocol.cells()
+               + attack_cells(attacks or {})):
             results.data.pop('partial', None)  # NOTE: a partial merge, completed by this run
         summary = _time_summary(results, plan, time.perf_counter() - run_start)
         results.data['time'] = summary
@@ -504,22 +538,68 @@ def _time_summary(results: RobustnessResults, plan: _Plan, wall: float) -> Dict[
 
 
 def _per_cell_cells(runner, cfg: Config, cells: List[Tuple[str, int]], metric_cfgs, seed: int,
-                    bgr_compat: bool, corrupted_root: Optional[str], progress_bar: Progress):
+                    bgr_compat: bool, corrupted_root: Optional[str], progress_bar: Progress,
+                    attacks: Optional[Dict[str, Dict]] = None):
     """Each cell's inference with its own dataloader (the dataset rebuilt per cell): yields
-    ``(cell, gathered results or None, the loop's metrics, dataset_meta, timing)``."""
+    ``(cell, gathered results or None, the loop's metrics, dataset_meta, timing)``. Attack
+    cells (of ``attacks``) read the clean images and attack them in the data preprocessor."""
+    counted = False
     for cell in cells:
         progress_bar.describe(_label(cell))
-        loader = cell_dataloader(cfg, None if cell[0] == CLEAN else cell[0], cell[1], seed,
-                                 bgr_compat, corrupted_root)
+        attacked = is_attack_cell(cell[0])
+        clean = cell[0] == CLEAN or attacked
+        loader = cell_dataloader(cfg, None if clean else cell[0], cell[1], seed, bgr_compat,
+                                 corrupted_root)
         start = time.perf_counter()
         loop = InferenceLoop(runner, loader, metric_cfgs(cell)[0])
-        if not progress_bar.total:
-            progress_bar.set_total(len(loop.dataloader.dataset) * len(cells))
-        parts = loop.run()
+        if not counted:
+            progress_bar.set_total(progress_bar.total
+                                   + len(loop.dataloader.dataset) * len(cells))
+            counted = True
+        with ExitStack() as stack:
+            if attacked:
+                assert attacks
+                stack.enter_context(_attacking(runner, cfg, attack_of_cell(attacks, *cell)))
+            parts = loop.run()
         progress_bar.update(len(loop.dataloader.dataset))
         timing = {'inference_s': round(time.perf_counter() - start, 3),
                   **_loading_share(runner, len(loop.dataloader))}
         yield cell, parts, loop.evaluator.metrics, loop.evaluator.dataset_meta, timing
+
+
+def check_attack_pipeline(cfg: Config) -> None:
+    """Attacks ascend the training loss: the test pipeline must load the ground truth."""
+    for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
+        kinds = [s.get('type', '') if isinstance(s, dict) else type(s).__name__
+                 for s in dataset.get('pipeline', [])]
+        if not any(str(k).split('.')[-1].startswith('LoadAnnotations') for k in kinds):
+            raise AttackError(
+                'the attacks ascend the model\'s training loss, which needs the ground truth, '
+                f'and the test pipeline does not load it: {kinds}. Add '
+                "dict(type='LoadAnnotations', ...) before the Pack step of "
+                'test_dataloader.dataset.pipeline')
+
+
+@contextmanager
+def _attacking(runner, cfg: Config, attack) -> Iterator[None]:
+    """The model's data preprocessor attacks every test batch within the block."""
+    from ..models.data_preprocessors import PixelSpace
+    from ..models.data_preprocessors.pixel_space import patched_forward
+    model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+    late_gt = any(annotations_after_resize(list(d.get('pipeline', [])))
+                  for d in leaf_datasets(cfg.test_dataloader['dataset']))
+    space = None
+
+    def transform(data: dict, training: bool) -> dict:
+        nonlocal space
+        if training:
+            return data
+        if space is None:
+            space = PixelSpace(model.data_preprocessor).to(data['inputs'].device)
+        return attack_batch(model, data, attack, space, gt_at_file_scale=late_gt).data
+
+    with patched_forward(model.data_preprocessor, transform):
+        yield
 
 
 def _one_pass_cells(runner, cfg: Config, cells: List[Tuple[str, int]], evaluator_cfg: Any,
