@@ -365,27 +365,26 @@ def test_errors_name_the_valid_choices(tmp_path):
 # -- adversarial cells -----------------------------------------------------------------------------
 
 ATTACK_CELLS = ['--corruptions', 'gaussian_noise', '--severities', '1', '--attacks', 'pgd_linf',
-                'segpgd_linf', '--epsilons', '0', '2/255', '8/255', '--attack-steps', '2']
+                'segpgd_linf', '--epsilons', '0', '8/255', '--attack-steps', '2']
 SEG_FEW = [*NO_WORKERS, 'test_dataloader.dataset.indices=3']
 
 
 @pytest.mark.slow
-def test_attack_cells_beside_corruptions_resume_and_report(toy_data, tmp_path):
+def test_attack_cells_beside_corruptions_report_and_two_processes(toy_data, tmp_path):
     """Attack cells in the results file next to a corruption cell: epsilon 0 is the clean
-    score exactly, the score falls with epsilon, the report has the table, CSV and curve, a rerun
-    does nothing, and 2 processes give the numbers of 1 (per-image seeding)."""
+    score exactly, the score falls under attack, the report has the table, CSV and curve, and 2
+    processes give the numbers of 1 (per-image seeding)."""
     ckpt = _init_checkpoint(SEG_CFG, tmp_path / 'seg.pth')
     results = tmp_path / 'r.json'
     proc = run_tool('test_robustness.py', SEG_CFG, ckpt, *ATTACK_CELLS, '--results', results,
                     '--work-dir', tmp_path / 'w', *SEG_FEW)
     data = json.loads(results.read_text())
-    assert data['attacks']['pgd_linf']['epsilons'] == [0.0, 2 / 255, 8 / 255]
+    assert data['attacks']['pgd_linf']['epsilons'] == [0.0, 8 / 255]
     assert data['attacks']['pgd_linf']['settings']['steps'] == 2
     cells = data['cells']
     for attack in ('pgd_linf', 'segpgd_linf'):
         assert cells[attack]['1'] == cells['clean']['0']  # epsilon 0: the clean images
-        miou = [cells[attack][k]['mIoU'] for k in ('1', '2', '3')]
-        assert miou[0] > miou[1] >= miou[2], (attack, miou)
+        assert cells[attack]['1']['mIoU'] > cells[attack]['2']['mIoU'], cells[attack]
     assert 'mIoU under attack' in proc.stdout and '| pgd_linf | 0.031373 | 8 |' in proc.stdout
     report = tmp_path / 'r_report'
     assert (report / 'adversarial_mIoU.png').is_file() and (report / 'attacks.csv').is_file()
@@ -393,21 +392,15 @@ def test_attack_cells_beside_corruptions_resume_and_report(toy_data, tmp_path):
     assert summary['cells'] == 1 and summary['metrics']['mIoU']['mPC'] == \
         cells['gaussian_noise']['1']['mIoU']
 
-    before = results.read_text()
-    run_tool('test_robustness.py', SEG_CFG, ckpt, *ATTACK_CELLS, '--results', results,
-             '--work-dir', tmp_path / 'w', *SEG_FEW)
-    assert json.loads(results.read_text())['timing'] == json.loads(before)['timing']
-
     double = tmp_path / 'two.json'
-    run_cmd(['bash', REPO / 'tools/dist_test.sh', SEG_CFG, ckpt, '2', *ATTACK_CELLS[4:],
-             '--results', double, '--work-dir', tmp_path / 'w2', *SEG_FEW],
+    run_cmd(['bash', REPO / 'tools/dist_test.sh', SEG_CFG, ckpt, '2', '--attacks', 'pgd_linf',
+             *ATTACK_CELLS[7:], '--results', double, '--work-dir', tmp_path / 'w2', *SEG_FEW],
             env={'TOOL': 'test_robustness.py', 'PORT': str(29500 + np.random.randint(1000))})
     two = _cells(double)
-    assert set(two) == {'clean', 'pgd_linf', 'segpgd_linf'}
-    for attack in ('pgd_linf', 'segpgd_linf'):
-        for k in ('1', '2', '3'):
-            for metric, value in cells[attack][k].items():
-                assert two[attack][k][metric] == pytest.approx(value, abs=0.05), (attack, k)
+    assert set(two) == {'clean', 'pgd_linf'}
+    for k in ('1', '2'):
+        for metric, value in cells['pgd_linf'][k].items():
+            assert two['pgd_linf'][k][metric] == pytest.approx(value, abs=0.05), k
 
 
 @pytest.mark.parametrize('args,message', [
@@ -417,16 +410,32 @@ def test_attack_cells_beside_corruptions_resume_and_report(toy_data, tmp_path):
     (['--attacks', 'pgd_linf'], 'attacks need their budgets'),
     (['--epsilons', '1/255'], '--epsilons needs --attacks'),
 ])
-def test_bad_attack_arguments_stop_before_anything_is_built(args, message, tmp_path):
-    proc = run_tool('test_robustness.py', SEG_CFG, tmp_path / 'none.pth', *args, check=False)
-    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+def test_bad_attack_arguments_stop_before_anything_is_built(args, message, tmp_path,
+                                                            monkeypatch):
+    import runpy
+    tool = str(REPO / 'tools' / 'test_robustness.py')
+    monkeypatch.setattr('sys.argv', [tool, SEG_CFG, str(tmp_path / 'none.pth'), *args])
+    with pytest.raises(SystemExit) as stop:  # NOTE: in this process: no interpreter start-up
+        runpy.run_path(tool, run_name='__main__')
+    assert message in str(stop.value.code)
 
 
 @pytest.mark.slow
-def test_a_segmentation_attack_on_a_detector_stops_before_inference(toy_data, tmp_path):
+def test_detector_attack_cells_run_and_resume(toy_data, tmp_path):
+    """PGD cells on the toy Mask R-CNN (ground truth loaded after Resize, rescaled for the
+    loss): recorded with the report's table and curve, epsilon 0 equal to clean, a rerun adds
+    nothing. (SegPGD on a detector: tests/test_attacks.py.)"""
     ckpt = _init_checkpoint(DET_CFG, tmp_path / 'det.pth')
-    proc = run_tool('test_robustness.py', DET_CFG, ckpt, '--attacks', 'cospgd_linf',
-                    '--epsilons', '1/255', '--work-dir', tmp_path / 'w', *NO_WORKERS,
-                    'test_dataloader.dataset.indices=2', check=False)
-    assert proc.returncode != 0 and 'it is for segmentors' in proc.stderr
-    assert 'pgd_linf for detectors' in proc.stderr and 'images (' not in proc.stderr
+    results = tmp_path / 'det.json'
+    args = [DET_CFG, ckpt, '--attacks', 'pgd_linf', '--epsilons', '0', '4/255',
+            '--attack-steps', '1', '--results', results, '--work-dir', tmp_path / 'w',
+            *NO_WORKERS, 'test_dataloader.dataset.indices=2']
+    proc = run_tool('test_robustness.py', *args)
+    cells = _cells(results)
+    assert set(cells) == {'clean', 'pgd_linf'} and set(cells['pgd_linf']) == {'1', '2'}
+    assert cells['pgd_linf']['1'] == cells['clean']['0']
+    assert 'coco/bbox_mAP under attack' in proc.stdout
+    assert (tmp_path / 'det_report' / 'adversarial_coco_bbox_mAP.png').is_file()
+    before = results.read_text()
+    run_tool('test_robustness.py', *args)
+    assert json.loads(results.read_text())['timing'] == json.loads(before)['timing']
