@@ -160,3 +160,14 @@ def test_cost_benchmark_prints_the_ratio_to_a_clean_cell(toy_data, in_repo):
                     '--steps', '1')
     assert '| clean |' in proc.stdout and '| pgd_linf (1 step) |' in proc.stdout
     assert 'x (' in proc.stdout and 'load average' in proc.stdout
+
+
+def test_a_test_pipeline_without_annotations_stops_the_tool_before_inference():
+    from mmrobust.evaluation.robustness import check_attack_pipeline
+    cfg = Config.fromfile(str(REPO / SEG))
+    check_attack_pipeline(cfg)  # the toy pipeline loads them
+    pipeline = cfg.test_dataloader.dataset.pipeline
+    cfg.test_dataloader.dataset.pipeline = [s for s in pipeline
+                                            if s['type'] != 'LoadAnnotations']
+    with pytest.raises(AttackError, match=r"Add dict\(type='LoadAnnotations', \.\.\.\) before"):
+        check_attack_pipeline(cfg)
