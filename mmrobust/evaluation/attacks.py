@@ -33,7 +33,7 @@ from ..models.data_preprocessors import PixelSpace, valid_mask
 
 __all__ = ['ATTACKS', 'NORMS', 'Attack', 'AttackError', 'AttackResult', 'annotations_after_resize',
            'attack_batch', 'attack_cells', 'attack_loss', 'attack_names', 'attack_of_cell',
-           'attack_plan', 'is_attack_cell', 'parse_epsilon']
+           'attack_plan', 'gt_at_file_scale', 'is_attack_cell', 'parse_epsilon', 'transform_names']
 
 #: attack families; each comes in every norm of :data:`NORMS` (``pgd_linf``, ``fgsm_l2``, ...)
 ATTACKS = ('fgsm', 'pgd', 'segpgd', 'cospgd')
@@ -226,8 +226,6 @@ def _seg_weighted_loss(name: str, model: nn.Module, inputs: torch.Tensor, sample
 def _task_loss(model: nn.Module, inputs: torch.Tensor, samples: Sequence) -> torch.Tensor:
     try:
         losses = model(inputs, samples, mode='loss')
-    except AttackError:
-        raise
     except Exception as err:
         raise AttackError(
             f'the training loss of {type(model).__name__} could not be computed from the test '
@@ -235,6 +233,25 @@ def _task_loss(model: nn.Module, inputs: torch.Tensor, samples: Sequence) -> tor
             'pipeline (LoadAnnotations before the Pack step) and the model\'s train_cfg') from err
     loss, _ = model.parse_losses(losses)
     return loss
+
+
+def _final_loss(attack: 'Attack', model: nn.Module, inputs: torch.Tensor,
+                samples: Sequence) -> torch.Tensor:
+    """What restarts are compared by: the training loss, or for SegPGD / CosPGD the plain
+    per-pixel cross-entropy."""
+    if attack.name in SEGMENTATION_ONLY:
+        ce, _, labels = _per_pixel_ce(model, inputs, samples)
+        return ce.sum() / (labels >= 0).sum().clamp_min(1)
+    return _task_loss(model, inputs, samples)
+
+
+def _loss_samples(model: nn.Module, samples: Sequence, gt_at_file_scale: bool) -> Sequence:
+    """The samples the loss sees: checked for ground truth, detection boxes and masks at the
+    input's scale (on a copy)."""
+    _check_ground_truth(model, samples)
+    if gt_at_file_scale and not _is_segmentor(model):
+        return _gt_at_input_scale(samples)
+    return samples
 
 
 # -- the attack ------------------------------------------------------------------------------------
@@ -309,14 +326,11 @@ def attack_batch(model: nn.Module, data: dict, attack: Attack,
             truth, or a model whose training loss fails on it.
     """
     module = model.module if is_model_wrapper(model) else model
-    segmentor = _is_segmentor(module)
     attack.check_model(module)
     if attack.eps == 0:
         return AttackResult(data)
     x, samples = data['inputs'], data.get('data_samples')
-    _check_ground_truth(module, samples)
-    loss_samples = _gt_at_input_scale(samples) if gt_at_file_scale and not segmentor \
-        else samples
+    loss_samples = _loss_samples(module, samples, gt_at_file_scale)
     space = space or PixelSpace(module.data_preprocessor, pixel_max=pixel_max).to(x.device)
     mask = valid_mask(samples, tuple(x.shape), x.device)
     x0 = space.to_pixels(x).detach()
@@ -325,10 +339,7 @@ def attack_batch(model: nn.Module, data: dict, attack: Attack,
         # NOTE: the padding keeps the preprocessor's values; step None: the final loss
         inputs = torch.where(mask, space.from_pixels(pixels).to(x.dtype), x)
         if step is None or attack.name not in SEGMENTATION_ONLY:
-            if segmentor and attack.name in SEGMENTATION_ONLY:
-                ce, _, labels = _per_pixel_ce(module, inputs, loss_samples)
-                return ce.sum() / (labels >= 0).sum().clamp_min(1)
-            return _task_loss(module, inputs, loss_samples)
+            return _final_loss(attack, module, inputs, loss_samples)
         return _seg_weighted_loss(attack.name, module, inputs, loss_samples, step, attack.steps)
 
     def gradient(pixels: torch.Tensor, step: int, restart: int) -> Tuple[torch.Tensor, float]:
@@ -376,19 +387,14 @@ def attack_loss(model: nn.Module, data: dict, attack: Attack, gt_at_file_scale: 
     cross-entropy for SegPGD / CosPGD) at ``data``'s images, seeded as the attack seeds it."""
     module = model.module if is_model_wrapper(model) else model
     samples = data['data_samples']
-    _check_ground_truth(module, samples)
-    segmentor = _is_segmentor(module)
-    loss_samples = _gt_at_input_scale(samples) if gt_at_file_scale and not segmentor \
-        else samples
+    attack.check_model(module)
+    loss_samples = _loss_samples(module, samples, gt_at_file_scale)
     training = module.training
     module.eval()
     try:
         with torch.no_grad(), preserved_buffers(module), \
                 _seeded(_seed(attack, samples, 0, attack.steps), data['inputs'].device):
-            if segmentor and attack.name in SEGMENTATION_ONLY:
-                ce, _, labels = _per_pixel_ce(module, data['inputs'], loss_samples)
-                return float(ce.sum() / (labels >= 0).sum().clamp_min(1))
-            return float(_task_loss(module, data['inputs'], loss_samples))
+            return float(_final_loss(attack, module, data['inputs'], loss_samples))
     finally:
         module.train(training)
 
@@ -435,13 +441,27 @@ def attack_of_cell(plan: Mapping[str, Dict], name: str, index: int) -> Attack:
     return Attack.from_name(name, entry['epsilons'][index - 1], **entry['settings'])
 
 
-def annotations_after_resize(pipeline: Sequence) -> bool:
-    """Whether a test pipeline loads its annotations after resizing (mmdet's default: the
-    ground truth stays at the file's scale for evaluation), by the transforms' type names."""
+def transform_names(pipeline: Sequence) -> List[str]:
+    """The type names of a pipeline's transforms (configs, classes or instances), without
+    their scope (``mmdet.Resize`` → ``Resize``)."""
     def kind(step) -> str:
         name = step.get('type', '') if isinstance(step, Mapping) else type(step).__name__
         return (name if isinstance(name, str) else getattr(name, '__name__', '')).split('.')[-1]
-    kinds = [kind(s) for s in pipeline]
+    return [kind(s) for s in pipeline]
+
+
+def annotations_after_resize(pipeline: Sequence) -> bool:
+    """Whether a test pipeline loads its annotations after resizing (mmdet's default: the
+    ground truth stays at the file's scale for evaluation), by the transforms' type names."""
+    kinds = transform_names(pipeline)
     loads = [i for i, k in enumerate(kinds) if k.startswith('LoadAnnotations')]
     resizes = [i for i, k in enumerate(kinds) if 'Resize' in k]
     return bool(loads and resizes and loads[0] > resizes[0])
+
+
+def gt_at_file_scale(cfg) -> bool:
+    """Whether a config's test pipelines load the ground truth after resizing (pass it as
+    :func:`attack_batch`'s ``gt_at_file_scale``)."""
+    from ..utils.config_checks import leaf_datasets
+    return any(annotations_after_resize(list(d.get('pipeline', [])))
+               for d in leaf_datasets(cfg.test_dataloader['dataset']))

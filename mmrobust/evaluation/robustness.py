@@ -34,11 +34,12 @@ from ..utils.progress import Progress
 from ..version import __version__
 from .attacks import (
     AttackError,
-    annotations_after_resize,
     attack_batch,
     attack_cells,
     attack_of_cell,
+    gt_at_file_scale,
     is_attack_cell,
+    transform_names,
 )
 from .background import (
     InferenceLoop,
@@ -570,9 +571,8 @@ def _per_cell_cells(runner, cfg: Config, cells: List[Tuple[str, int]], metric_cf
 def check_attack_pipeline(cfg: Config) -> None:
     """Attacks ascend the training loss: the test pipeline must load the ground truth."""
     for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
-        kinds = [s.get('type', '') if isinstance(s, dict) else type(s).__name__
-                 for s in dataset.get('pipeline', [])]
-        if not any(str(k).split('.')[-1].startswith('LoadAnnotations') for k in kinds):
+        kinds = transform_names(dataset.get('pipeline', []))
+        if not any(k.startswith('LoadAnnotations') for k in kinds):
             raise AttackError(
                 'the attacks ascend the model\'s training loss, which needs the ground truth, '
                 f'and the test pipeline does not load it: {kinds}. Add '
@@ -586,8 +586,7 @@ def _attacking(runner, cfg: Config, attack) -> Iterator[None]:
     from ..models.data_preprocessors import PixelSpace
     from ..models.data_preprocessors.pixel_space import patched_forward
     model = runner.model.module if is_model_wrapper(runner.model) else runner.model
-    late_gt = any(annotations_after_resize(list(d.get('pipeline', [])))
-                  for d in leaf_datasets(cfg.test_dataloader['dataset']))
+    late_gt = gt_at_file_scale(cfg)
     space = None
 
     def transform(data: dict, training: bool) -> dict:

@@ -51,8 +51,7 @@ def main() -> None:
     from mmengine.runner import Runner
 
     import mmrobust  # noqa: F401
-    from mmrobust.evaluation.attacks import Attack, annotations_after_resize, attack_batch
-    from mmrobust.utils.config_checks import leaf_datasets
+    from mmrobust.evaluation.attacks import Attack, attack_batch, gt_at_file_scale
 
     cfg = Config.fromfile(args.config)
     init_default_scope(cfg.default_scope)
@@ -67,8 +66,7 @@ def main() -> None:
         batches.append(batch)
         if len(batches) == args.images:
             break
-    late_gt = any(annotations_after_resize(list(d.get('pipeline', [])))
-                  for d in leaf_datasets(cfg.test_dataloader['dataset']))
+    late_gt = gt_at_file_scale(cfg)
     attacks = {name: Attack.from_name(name, args.epsilon, steps=args.steps)
                for name in args.attacks}
 
