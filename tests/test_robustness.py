@@ -210,11 +210,24 @@ def test_detector_on_the_fly_stored_resume_and_report(toy_data, trained_toy_dete
                     '--out-dir', out)
     assert '| on-the-fly | coco/bbox_mAP |' in proc.stdout and 'rPC %' in proc.stdout
     assert {p.name for p in out.iterdir()} == {
-        'cells.csv', 'summary.csv', 'per_corruption_coco_bbox_mAP.png',
+        'cells.csv', 'summary.csv', 'paired.csv', 'per_corruption_coco_bbox_mAP.png',
         'per_severity_coco_bbox_mAP.png', 'per_corruption_coco_segm_mAP.png',
-        'per_severity_coco_segm_mAP.png'}
+        'per_severity_coco_segm_mAP.png', 'intervals_coco_bbox_mAP.png',
+        'intervals_coco_segm_mAP.png'}
     rows = (out / 'cells.csv').read_text().splitlines()
     assert len(rows) == 1 + 2 * 5 * 12  # models x cells x the 12 COCO box/mask metrics
+    # the per-image statistics of both runs: the same predictions, so a paired difference of
+    # exactly 0; the bootstrap's point is the recorded (rounded) AP
+    assert sorted(p.name for p in (tmp_path / 'fly_per_image').iterdir()) == [
+        'clean_0.npz', 'fog_1.npz', 'fog_4.npz', 'gaussian_noise_1.npz', 'gaussian_noise_4.npz']
+    paired = (out / 'paired.csv').read_text().splitlines()[1:]
+    assert paired and all(row.split(',')[4:7] == ['0.0'] * 3 for row in paired)
+    from mmrobust.evaluation.uncertainty import cell_stats
+    stats = cell_stats(str(fly), load_results(str(fly)))
+    assert not stats.missing and len(stats.images) == 12
+    for cell, scores in ((c, stats.scores(c, np.ones((1, 12)))) for c in stats.cells):
+        for name in ('coco/bbox_mAP', 'coco/segm_mAP', 'coco/bbox_mAP_50'):
+            assert abs(scores[name][0] - data['cells'][cell[0]][str(cell[1])][name]) <= 6e-4
 
 
 @pytest.mark.slow
@@ -234,6 +247,18 @@ def test_segmentor_on_the_fly_equals_stored(toy_data, tmp_path):
     assert set(_cells(fly)['snow']['2']) >= {'mIoU', 'mAcc', 'aAcc'}
     assert _same_predictions(tmp_path / 'p1' / 'snow_2.pkl', tmp_path / 'p2' / 'snow_2.pkl')
     assert 'mIoU' in summary_markdown({'seg': load_results(str(fly))})
+    # per-image statistics: the images are named alike in the stored set's cell folders and on
+    # the fly, so the two runs pair; the same predictions differ by exactly 0
+    from mmrobust.evaluation.uncertainty import cell_stats
+    for path in (fly, stored):
+        stats = cell_stats(str(path), load_results(str(path)))
+        assert not stats.missing and len(stats.cells) == 3 and len(stats.images) == 8
+        assert all(i.startswith('leftImg8bit/val/') for i in stats.images), stats.images[:2]
+        clean = stats.scores(('clean', 0), np.ones((1, 8)))['mIoU'][0]
+        assert abs(clean - _cells(path)['clean']['0']['mIoU']) <= 0.005 + 1e-9
+    proc = run_tool('robustness_report.py', fly, stored, '--labels', 'fly', 'stored',
+                    '--out-dir', tmp_path / 'rep')
+    assert '| stored | fly | mIoU | mPC | 0.000 | [0.000, 0.000] |' in proc.stdout
 
 
 def test_two_processes_match_one(toy_data, trained_toy_detector, tmp_path):

@@ -7,9 +7,20 @@
     python tools/robustness_report.py merge w/robustness_benchmark_shard*of8.json \
         --out w/robustness_benchmark.json                                # join shards
 
-Prints P_clean / mPC / rPC per model and metric and the per-corruption means (Markdown), and
-writes OUT_DIR/summary.csv, cells.csv, per_corruption_<metric>.png and per_severity_<metric>.png.
-Accepts mmrobust results JSON and mmdet 3.3 `*_results.pkl` files.
+    python tools/robustness_report.py dat_s0.json dat_s1.json plain_s0.json plain_s1.json \
+        --labels DAT DAT plain plain --reference plain_s0.json     # seeds, paired, CE
+
+Prints P_clean / mPC / rPC per model and metric, with 95 % bootstrap intervals over the test
+images (--bootstrap R replicates, from the per-image statistics test_robustness.py keeps in
+<results stem>_per_image/), and the per-corruption means (Markdown); then the paired
+differences of each recipe against the first one (the same resampled images for both; refused,
+with the difference named, for results of different image sets), mean and standard deviation
+across the seeds of a recipe (files with the same --labels name), and with --reference the
+Corruption Error (CE_c = sum_s (S - P_c,s) / sum_s (S - P^ref_c,s), S = 1 for AP and 100 for
+mIoU; mCE and relative mCE as ImageNet-C). Writes OUT_DIR/summary.csv and cells.csv (with the
+intervals), paired.csv, seeds.csv, corruption_error.csv, per_corruption_<metric>.png,
+per_severity_<metric>.png and intervals_<metric>.png. Accepts mmrobust results JSON and mmdet
+3.3 `*_results.pkl` files (no intervals: they keep no per-image statistics).
 
 `merge` joins the results files of `test_robustness.py --shard I/N` runs into one that resumes
 and reports like an unsharded run's; it refuses shards of different evaluations and cells with
@@ -27,10 +38,11 @@ report_origin(__file__)
 
 import argparse
 import os.path as osp
-from typing import List
+from typing import Dict, List
 
-from mmrobust.evaluation.report import plot, summary_markdown, write_csv
+from mmrobust.evaluation.report import build_extras, plot, summary_markdown, write_csv
 from mmrobust.evaluation.results import load_results, report_dir
+from mmrobust.evaluation.uncertainty import Bootstrap
 
 
 def merge(argv: List[str]) -> int:
@@ -70,25 +82,67 @@ def main() -> int:
         description=__doc__.split('\n')[0], epilog=__doc__.split('\n\n', 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('results', nargs='+', help='results JSON / mmdet _results.pkl files')
-    parser.add_argument('--labels', nargs='+', default=None, help='one name per results file')
+    parser.add_argument('--labels', nargs='+', default=None,
+                        help='one name per results file; files with the same name are seeds of '
+                        'one recipe (mean and std across them); the first name is the baseline '
+                        'of the paired differences')
     parser.add_argument('--metrics', nargs='+', default=None,
                         help='metrics to show (default: box/mask AP or mIoU)')
+    parser.add_argument('--bootstrap', type=int, default=200, metavar='R',
+                        help='bootstrap replicates over the test images for the intervals and '
+                        'paired differences (default 200; 0: none)')
+    parser.add_argument('--confidence', type=float, default=0.95,
+                        help='confidence level of the intervals (default 0.95)')
+    parser.add_argument('--bootstrap-seed', type=int, default=0,
+                        help='seed of the image draws (the same draws for every model)')
+    parser.add_argument('--reference', default=None, metavar='RESULTS',
+                        help='results file of the reference model of the Corruption Error '
+                        '(CE, mCE, relative mCE; e.g. the plain baseline)')
     parser.add_argument('--out-dir', default=None,
                         help='where CSV and plots go (default: <stem>_report/ next to the first '
                         'results file, <stem1>_vs_<stem2>_report/ for several)')
     args = parser.parse_args()
     if args.labels and len(args.labels) != len(args.results):
         parser.error(f'{len(args.labels)} labels for {len(args.results)} results files')
-    labels = args.labels or [osp.splitext(osp.basename(p))[0] if len(
+    if args.bootstrap < 0:
+        parser.error(f'--bootstrap takes 0 (no intervals) or more replicates, got '
+                     f'{args.bootstrap}')
+    if args.bootstrap and args.bootstrap < 100:
+        print(f'note: {args.bootstrap} replicates give rough {args.confidence:.0%} intervals '
+              '(their tails rest on a few replicates); 200 or more are usual', file=sys.stderr)
+    if not 0 < args.confidence < 1:
+        parser.error(f'--confidence is a level in (0, 1), e.g. 0.95; got {args.confidence}')
+    names = args.labels or [osp.splitext(osp.basename(p))[0] if len(
         {osp.basename(q) for q in args.results}) == len(args.results) else p
         for p in args.results]
-    results = {label: load_results(path) for label, path in zip(labels, args.results)}
+    counts = {n: names.count(n) for n in names}
+    seen: Dict[str, int] = {}
+    labels, groups = [], {}
+    for name in names:  # NOTE: seeds of one recipe share a name; each file keeps its own row
+        seen[name] = seen.get(name, 0) + 1
+        label = f'{name} #{seen[name]}' if counts[name] > 1 else name
+        labels.append(label)
+        groups.setdefault(name, []).append(label)
+    try:
+        results = {label: load_results(path) for label, path in zip(labels, args.results)}
+        reference = None
+        if args.reference:
+            ref_label = osp.splitext(osp.basename(args.reference))[0]
+            reference = (ref_label, load_results(args.reference))
+    except (ValueError, FileNotFoundError) as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 1
+    boot = Bootstrap(args.bootstrap, args.confidence, args.bootstrap_seed)
+    extras = build_extras([(label, path, results[label])
+                           for label, path in zip(labels, args.results)],
+                          groups, boot if args.bootstrap else None, reference, args.metrics)
     # NOTE: one folder per results file (or per set compared), never a shared report/
     stems = [osp.splitext(osp.basename(p))[0] for p in args.results]
     out_dir = args.out_dir or report_dir(
         osp.join(osp.dirname(osp.abspath(args.results[0])), '_vs_'.join(stems)))
-    print(summary_markdown(results, args.metrics))
-    paths = list(write_csv(results, out_dir)) + plot(results, out_dir, args.metrics)
+    print(summary_markdown(results, args.metrics, extras))
+    paths = list(write_csv(results, out_dir, extras)) + plot(results, out_dir, args.metrics,
+                                                            extras)
     print('\nwrote ' + ', '.join(paths))
     return 0
 

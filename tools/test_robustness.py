@@ -91,6 +91,10 @@ def parse_args() -> argparse.Namespace:
                              'clean set in shard 0), into its own results file (default '
                              'robustness_<protocol>_shard<I>of<N>.json); join the shards with '
                              '`tools/robustness_report.py merge`')
+    parser.add_argument('--no-per-image-stats', action='store_true',
+                        help='do not keep per-image statistics in <results stem>_per_image/ '
+                             '(the report then gives no bootstrap intervals; saves the COCO '
+                             "metric's second per-image matching under faster-coco-eval)")
     parser.add_argument('--per-cell-loaders', action='store_true',
                         help='build the test dataset and its dataloader anew for every cell (the '
                              'loop before the one-pass loader; the same inputs, slower)')
@@ -149,15 +153,17 @@ def main() -> None:
             corrupted_root=args.corrupted_root, checkpoint=args.checkpoint,
             save_predictions=args.save_predictions, checkpoint_load=strict_load_outcome(runner),
             coco_backend=args.coco_backend, metric_queue=args.metric_queue,
-            one_pass=not args.per_cell_loaders, shard=shard, attacks=attacks)
+            one_pass=not args.per_cell_loaders, shard=shard, attacks=attacks,
+            per_image=not args.no_per_image_stats)
         runner.call_hook('after_run')
         if runner.rank == 0:
             label = osp.splitext(osp.basename(args.config))[0]
             print(summary_markdown({label: results}))
             out = report_dir(results_path)
             files = list(write_csv({label: results}, out)) + plot({label: results}, out)
-            print(f'\nresults: {results_path}\nreport: {", ".join(files)}\ncompare models: '
-                  f'python tools/robustness_report.py {results_path} OTHER.json --out-dir DIR')
+            print(f'\nresults: {results_path}\nreport: {", ".join(files)}\nconfidence '
+                  f'intervals, and models compared: python tools/robustness_report.py '
+                  f'{results_path} [OTHER.json ...] --out-dir DIR')
             if shard:
                 every = results_path.replace(f'shard{shard[0]}of', 'shard*of')
                 print(f'shard {shard[0]}/{shard[1]}: once every shard is done, python '

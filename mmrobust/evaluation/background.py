@@ -157,18 +157,27 @@ def _metric(cfg: Mapping, scope: Optional[str]) -> Any:
 def compute_metrics(metrics: Sequence[Any], parts: Sequence[list],
                     dataset_meta: Optional[Mapping] = None) -> Dict[str, Any]:
     """The metrics of one cell from its gathered results (one list per metric), named as
-    ``Evaluator.evaluate`` names them (with each metric's ``prefix``)."""
+    ``Evaluator.evaluate`` names them (with each metric's ``prefix``); metrics asked for
+    per-image statistics put their blocks under :data:`~.per_image.PER_IMAGE_KEY`."""
+    from .per_image import PER_IMAGE_KEY
     out: Dict[str, Any] = {}
+    blocks: List[Dict[str, Any]] = []
     for metric, results in zip(metrics, parts):
         if dataset_meta is not None:
             metric.dataset_meta = dict(dataset_meta)
-        values = metric.compute_metrics(results)
+        values = dict(metric.compute_metrics(results))
+        for block in values.pop(PER_IMAGE_KEY, None) or []:
+            if metric.prefix:  # NOTE: the names the block's numbers are recorded under
+                block['metric_prefix'] = f'{metric.prefix}/{block["metric_prefix"]}'
+            blocks.append(block)
         if metric.prefix:
             values = {f'{metric.prefix}/{k}': v for k, v in values.items()}
         clash = sorted(set(values) & set(out))
         if clash:
             raise ValueError(f'several metrics give {clash}: give the metrics different prefixes')
         out.update(values)
+    if blocks:
+        out[PER_IMAGE_KEY] = blocks
     return out
 
 

@@ -105,12 +105,13 @@ _SWAP_LOCK = threading.Lock()
 def _mmdet_cocoeval(cocoeval: type) -> Iterator[None]:
     from mmdet.evaluation.metrics import coco_metric as module
     with _SWAP_LOCK:  # NOTE: one metric at a time in a process swaps the class
-        saved = module.COCOeval
-        module.COCOeval = cocoeval
+        saved = module.COCOeval, module.COCOevalMP
+        # NOTE: mmdet names COCOevalMP when use_mp_eval is set (backend 'mmdet-mp')
+        module.COCOeval = module.COCOevalMP = cocoeval
         try:
             yield
         finally:
-            module.COCOeval = saved
+            module.COCOeval, module.COCOevalMP = saved
 
 
 @METRICS.register_module()
@@ -121,16 +122,20 @@ class RobustCocoMetric(CocoMetric):
         backend: one of :data:`COCO_BACKENDS`; the ground truth is parsed by the backend's own
             ``COCO`` and evaluated by its own ``COCOeval``.
         ann_file: as ``CocoMetric``'s.
+        per_image: also return, under :data:`~.per_image.PER_IMAGE_KEY`, each evaluated IoU
+            type's per-image matching (:func:`~.per_image.coco_block`) for the bootstrap of
+            ``tools/robustness_report.py`` (robustness runs set it).
         use_mp_eval: not an argument here: choose ``backend='mmdet-mp'``.
         **kwargs: the other arguments of mmdet's ``CocoMetric`` (metric, classwise, ...).
     """
 
     def __init__(self, backend: str = 'pycocotools', ann_file: Optional[str] = None,
-                 **kwargs) -> None:
+                 per_image: bool = False, **kwargs) -> None:
         if 'use_mp_eval' in kwargs:
             raise TypeError("RobustCocoMetric: instead of use_mp_eval choose "
                             "backend='mmdet-mp'")
         self.backend = coco_backend(backend)
+        self.per_image = per_image
         # NOTE: mmdet would parse ann_file with pycocotools; the backend parses it below
         super().__init__(ann_file=None, use_mp_eval=backend == 'mmdet-mp', **kwargs)
         self.ann_file = ann_file
@@ -161,8 +166,23 @@ class RobustCocoMetric(CocoMetric):
         if self._coco_api is None:
             gts = [gt for gt, _ in results]
             self._gt_from_dataset(gts)
-        with _mmdet_cocoeval(self.backend.cocoeval):
-            return super().compute_metrics(results)
+        evaluated: List[Any] = []
+        cocoeval = self.backend.cocoeval
+        if self.per_image:
+            class Keeping(cocoeval):  # type: ignore[valid-type,misc]
+                """The backend's COCOeval, kept after ``evaluate`` for its per-image matching."""
+
+                def evaluate(self) -> None:
+                    super().evaluate()
+                    evaluated.append(self)
+            cocoeval = Keeping
+        with _mmdet_cocoeval(cocoeval):
+            metrics = super().compute_metrics(results)
+        if self.per_image:
+            from .per_image import PER_IMAGE_KEY, coco_block
+            metrics[PER_IMAGE_KEY] = [coco_block(e, f'{e.params.iouType}_') for e in evaluated
+                                      if e.params.useCats]
+        return metrics
 
     def _gt_from_dataset(self, gts) -> None:
         import tempfile

@@ -2,14 +2,16 @@
 import csv
 import os
 import os.path as osp
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..corruptions import CATEGORIES, CORRUPTIONS, Protocol
 from ..utils.io import save_figure
 from .metrics import robustness_summary
 from .results import load_results
 
-__all__ = ['load_results', 'summarize', 'summary_markdown', 'write_csv', 'plot']
+__all__ = ['Extras', 'build_extras', 'load_results', 'summarize', 'summary_markdown',
+           'write_csv', 'plot']
 
 # metrics shown by default, in this order, when present
 MAIN_METRICS = ('bbox_mAP', 'segm_mAP', 'mIoU', 'AP', 'mAP')
@@ -25,6 +27,179 @@ def _protocol_of(results: Mapping) -> Optional[Protocol]:
 
 def summarize(results: Mapping) -> Dict:
     return robustness_summary(results['cells'], _protocol_of(results))
+
+
+# -- uncertainty: intervals, paired differences, seeds, CE -----------------------------------------
+
+Interval = Tuple[float, float]
+
+
+@dataclass
+class Extras:
+    """What the report adds to the recorded numbers (:mod:`.uncertainty`): bootstrap intervals
+    per model (``intervals[label][metric][quantity]``, quantity P_clean / mPC / rPC, and
+    ``cell_intervals[label][metric][(corruption, severity)]``), paired differences against the
+    first group, mean and std across seeds per group, CE / mCE against a reference, and notes
+    on what could not be computed and why."""
+    confidence: float = 0.95
+    replicates: int = 0
+    intervals: Dict[str, Dict[str, Dict[str, Interval]]] = field(default_factory=dict)
+    cell_intervals: Dict[str, Dict[str, Dict[Tuple[str, int], Interval]]] = field(
+        default_factory=dict)
+    paired: List[Tuple[str, str, str, str, float, float, float]] = field(default_factory=list)
+    seeds: Dict[str, Dict[str, Dict[str, Tuple[int, float, float]]]] = field(
+        default_factory=dict)
+    reference: Optional[str] = None
+    errors: Dict[str, Dict[str, Dict[str, Any]]] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
+
+
+def build_extras(entries: Sequence[Tuple[str, str, Mapping]], groups: Mapping[str, Sequence[str]],
+                 boot: Optional[Any] = None, reference: Optional[Tuple[str, Mapping]] = None,
+                 metrics: Optional[Sequence[str]] = None) -> Extras:
+    """Intervals, paired differences, seed statistics and CE for ``entries`` (``(label, results
+    path, results)``; ``groups`` maps a recipe to the labels of its seeds, in order, the first
+    group being the baseline of the paired differences). ``boot`` (a
+    :class:`~.uncertainty.Bootstrap`): None or 0 replicates for no intervals."""
+    from .uncertainty import (
+        PairingError,
+        check_pairable,
+        corruption_errors,
+        interval,
+        paired_differences,
+        replicates_of,
+        seed_statistics,
+    )
+    extras = Extras(confidence=boot.confidence if boot else 0.95,
+                    replicates=boot.replicates if boot else 0)
+    points = {label: summarize(results) for label, _, results in entries}
+    metrics = list(metrics) if metrics else main_metrics(points)
+    reps: Dict[str, Dict] = {}
+    stats: Dict[str, Any] = {}
+    if boot is not None and boot.replicates > 0:
+        for label, path, results in entries:
+            if 'cells_planned' not in results and path.endswith(('.pkl', '.pickle')):
+                extras.notes.append(f'no intervals for {label}: mmdet\'s results file keeps no '
+                                    'per-image statistics (evaluate with '
+                                    'tools/test_robustness.py)')
+                continue
+            stats[label], reps[label] = replicates_of(path, results, boot)
+            for note in stats[label].notes:
+                extras.notes.append(f'{label}: {note}')
+            if not reps[label]:
+                extras.notes.append(f'no intervals for {label}: no per-image statistics')
+                continue
+            for name, entry in reps[label].items():
+                extras.intervals.setdefault(label, {})[name] = {
+                    q: interval(entry[q], boot.confidence) for q in ('P_clean', 'mPC', 'rPC')
+                    if q in entry}
+                extras.cell_intervals.setdefault(label, {})[name] = {
+                    cell: interval(v, boot.confidence) for cell, v in entry['cells'].items()}
+            missing = [n for n in points[label]['metrics'] if n in reps[label]
+                       and 'mPC' not in reps[label][n]]
+            if missing:
+                extras.notes.append(f'{label}: no mPC / rPC interval (cells of the protocol '
+                                    'without per-image statistics)')
+    # seeds
+    for group, labels in groups.items():
+        if len(labels) > 1:
+            extras.seeds[group] = {name: row for name, row in seed_statistics(
+                [points[lb] for lb in labels]).items() if name in metrics}
+    # paired differences, every group against the first one
+    names = list(groups)
+    for other in names[1:]:
+        base_labels, other_labels = list(groups[names[0]]), list(groups[other])
+        if not all(lb in reps and reps[lb] for lb in base_labels + other_labels):
+            if reps:
+                extras.notes.append(f'no paired difference {other} - {names[0]}: a results '
+                                    'file has no per-image statistics')
+            continue
+        try:
+            first = (base_labels[0], dict(entries_by(entries, base_labels[0])),
+                     stats[base_labels[0]])
+            for lb in base_labels[1:] + other_labels:
+                check_pairable(first, (lb, dict(entries_by(entries, lb)), stats[lb]))
+        except PairingError as err:
+            extras.notes.append(f'paired difference {other} - {names[0]} refused: {err}')
+            continue
+        diffs = paired_differences([reps[lb] for lb in base_labels],
+                                   [reps[lb] for lb in other_labels],
+                                   [points[lb] for lb in base_labels],
+                                   [points[lb] for lb in other_labels], boot.confidence)
+        for name, row in diffs.items():
+            if name not in metrics:
+                continue
+            for q, (diff, lo, hi) in row.items():
+                extras.paired.append((other, names[0], name, q, diff, lo, hi))
+    # corruption error
+    if reference is not None:
+        ref_label, ref_results = reference
+        extras.reference = ref_label
+        for label, _, results in entries:
+            for name in points[label]['metrics']:
+                if name not in metrics:
+                    continue
+                try:
+                    extras.errors.setdefault(label, {})[name] = corruption_errors(
+                        results['cells'], ref_results['cells'], name,
+                        list(points[label]['metrics'][name]['per_corruption']))
+                except ValueError as err:
+                    extras.notes.append(f'no CE for {label} {name}: {err}')
+    return extras
+
+
+def entries_by(entries: Sequence[Tuple[str, str, Mapping]], label: str) -> Mapping:
+    return next(results for lb, _, results in entries if lb == label)
+
+
+def _with_interval(value: float, iv: Optional[Interval], scale: float = 1.0) -> str:
+    text = _fmt(value, scale)
+    if iv is None or iv[0] != iv[0]:
+        return text
+    return f'{text} [{_fmt(iv[0], scale)}, {_fmt(iv[1], scale)}]'
+
+
+def _pct(value: float) -> str:
+    return '—' if value != value else f'{100 * value:.1f}'
+
+
+def _extras_markdown(extras: Extras) -> List[str]:
+    lines: List[str] = []
+    level = f'{extras.confidence:.0%}'
+    if extras.intervals:
+        lines += ['', f'[lo, hi]: {level} bootstrap percentile intervals over the test images '
+                  f'({extras.replicates} replicates; one draw of images for every cell and '
+                  'model).']
+    if extras.paired:
+        lines += ['', f'Paired differences (the same resampled images for both; {level} '
+                  'interval):', '', '| model | minus | metric | quantity | difference | '
+                  'interval |', '|---|---|---|---|---|---|']
+        for other, base, name, q, diff, lo, hi in extras.paired:
+            scale = 100 if q == 'rPC' else 1
+            unit = ' pp' if q == 'rPC' else ''
+            lines.append(f'| {other} | {base} | {name} | {q} | {_fmt(diff, scale)}{unit} | '
+                         f'[{_fmt(lo, scale)}, {_fmt(hi, scale)}] |')
+    if extras.seeds:
+        lines += ['', 'Across training seeds (mean ± sample standard deviation):', '',
+                  '| recipe | metric | files | P_clean | mPC | rPC % |',
+                  '|---|---|---|---|---|---|']
+        for group, by_metric in extras.seeds.items():
+            for name, row in by_metric.items():
+                cells = [f'{_fmt(row[q][1], 100 if q == "rPC" else 1)} ± '
+                         f'{_fmt(row[q][2], 100 if q == "rPC" else 1)}'
+                         for q in ('P_clean', 'mPC', 'rPC')]
+                lines.append(f'| {group} | {name} | {row["P_clean"][0]} | ' + ' | '.join(cells)
+                             + ' |')
+    if extras.errors:
+        lines += ['', f'Corruption Error against {extras.reference} (ImageNet-C; %):', '',
+                  '| model | metric | mCE | relative mCE |', '|---|---|---|---|']
+        for label, by_metric in extras.errors.items():
+            for name, ce in by_metric.items():
+                lines.append(f'| {label} | {name} | {_pct(ce["mCE"])} | '
+                             f'{_pct(ce["relative_mCE"])} |')
+    if extras.notes:
+        lines += [''] + [f'- {note}' for note in extras.notes]
+    return lines
 
 
 def adversarial_curves(results: Mapping) -> Dict[str, Dict[str, List[Tuple[float, float]]]]:
@@ -78,10 +253,13 @@ def _fmt(value: float, scale: float = 1.0, unit: str = '') -> str:
 
 
 def summary_markdown(results_by_label: Mapping[str, Mapping],
-                     metrics: Optional[Sequence[str]] = None) -> str:
-    """Markdown: P_clean / mPC / rPC per model and metric, then the per-corruption means."""
+                     metrics: Optional[Sequence[str]] = None,
+                     extras: Optional[Extras] = None) -> str:
+    """Markdown: P_clean / mPC / rPC per model and metric (with their intervals), then the
+    per-corruption means, attacks, paired differences, seeds and CE (:class:`Extras`)."""
     summaries = {label: summarize(r) for label, r in results_by_label.items()}
     metrics = list(metrics) if metrics else main_metrics(summaries)
+    extras = extras or Extras()
     lines = ['| model | metric | P_clean | mPC | rPC % | cells |', '|---|---|---|---|---|---|']
     for label, summary in summaries.items():
         missing = len(summary['missing'])
@@ -89,8 +267,10 @@ def summary_markdown(results_by_label: Mapping[str, Mapping],
         for name in metrics:
             m = summary['metrics'].get(name)
             if m:
-                lines.append(f"| {label} | {name} | {_fmt(m['P_clean'])} | {_fmt(m['mPC'])} | "
-                             f"{_fmt(m['rPC'], 100)} | {cells} |")
+                iv = extras.intervals.get(label, {}).get(name, {})
+                shown = [_with_interval(m[q], iv.get(q), 100 if q == 'rPC' else 1)
+                         for q in ('P_clean', 'mPC', 'rPC')]
+                lines.append(f"| {label} | {name} | {' | '.join(shown)} | {cells} |")
     for name in metrics:
         corruptions = list(dict.fromkeys(
             c for s in summaries.values() if name in s['metrics']
@@ -110,31 +290,72 @@ def summary_markdown(results_by_label: Mapping[str, Mapping],
             if any(v == v for v in values):
                 lines.append(f'| *{cat}* | ' + ' | '.join(_fmt(v) for v in values) + ' |')
     lines += _adversarial_markdown(results_by_label, metrics)
+    lines += _extras_markdown(extras)
     return '\n'.join(lines)
 
 
-def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str) -> Tuple[str, str]:
-    """``cells.csv`` (every model, metric, corruption, severity) and ``summary.csv``."""
+def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str,
+              extras: Optional[Extras] = None) -> Tuple[str, str]:
+    """``cells.csv`` (every model, metric, corruption, severity) and ``summary.csv``, with
+    their intervals (empty where there are none); ``paired.csv``, ``seeds.csv`` and
+    ``corruption_error.csv`` when :class:`Extras` has them. Returns the first two paths."""
     os.makedirs(out_dir, exist_ok=True)
+    extras = extras or Extras()
     cells_path, summary_path = osp.join(out_dir, 'cells.csv'), osp.join(out_dir, 'summary.csv')
     with open(cells_path, 'w', newline='') as f:
         writer = csv.writer(f)
-        writer.writerow(['model', 'corruption', 'category', 'severity', 'metric', 'value'])
+        writer.writerow(['model', 'corruption', 'category', 'severity', 'metric', 'value',
+                         'ci_low', 'ci_high'])
         for label, results in results_by_label.items():
             for corruption, by_severity in results['cells'].items():
                 category = CORRUPTIONS[corruption].category if corruption in CORRUPTIONS else (
                     'adversarial' if corruption in (results.get('attacks') or {}) else '')
                 for severity, scores in sorted(by_severity.items(), key=lambda kv: int(kv[0])):
                     for metric, value in scores.items():
-                        writer.writerow([label, corruption, category, severity, metric, value])
+                        iv = extras.cell_intervals.get(label, {}).get(metric, {}).get(
+                            (corruption, int(severity)), ('', ''))
+                        writer.writerow([label, corruption, category, severity, metric, value,
+                                         *iv])
     with open(summary_path, 'w', newline='') as f:
         writer = csv.writer(f)
-        writer.writerow(['model', 'metric', 'P_clean', 'mPC', 'rPC', 'cells', 'missing'])
+        writer.writerow(['model', 'metric', 'P_clean', 'mPC', 'rPC', 'cells', 'missing',
+                         'P_clean_low', 'P_clean_high', 'mPC_low', 'mPC_high', 'rPC_low',
+                         'rPC_high', 'confidence', 'replicates'])
         for label, results in results_by_label.items():
             summary = summarize(results)
             for metric, m in summary['metrics'].items():
+                iv = extras.intervals.get(label, {}).get(metric, {})
+                bounds = [b for q in ('P_clean', 'mPC', 'rPC') for b in iv.get(q, ('', ''))]
                 writer.writerow([label, metric, m['P_clean'], m['mPC'], m['rPC'],
-                                 summary['cells'], len(summary['missing'])])
+                                 summary['cells'], len(summary['missing']), *bounds,
+                                 extras.confidence if iv else '',
+                                 extras.replicates if iv else ''])
+    if extras.paired:
+        with open(osp.join(out_dir, 'paired.csv'), 'w', newline='') as f:
+            writer = csv.writer(f)
+            writer.writerow(['model', 'minus', 'metric', 'quantity', 'difference', 'ci_low',
+                             'ci_high', 'confidence', 'replicates'])
+            for row in extras.paired:
+                writer.writerow([*row, extras.confidence, extras.replicates])
+    if extras.seeds:
+        with open(osp.join(out_dir, 'seeds.csv'), 'w', newline='') as f:
+            writer = csv.writer(f)
+            writer.writerow(['recipe', 'metric', 'quantity', 'files', 'mean', 'std'])
+            for group, by_metric in extras.seeds.items():
+                for name, row in by_metric.items():
+                    for q, (n, mean, std) in row.items():
+                        writer.writerow([group, name, q, n, mean, std])
+    if extras.errors:
+        with open(osp.join(out_dir, 'corruption_error.csv'), 'w', newline='') as f:
+            writer = csv.writer(f)
+            writer.writerow(['model', 'reference', 'metric', 'corruption', 'CE', 'relative_CE'])
+            for label, by_metric in extras.errors.items():
+                for name, ce in by_metric.items():
+                    for c, v in ce['per_corruption'].items():
+                        writer.writerow([label, extras.reference, name, c, v['CE'],
+                                         v['relative_CE']])
+                    writer.writerow([label, extras.reference, name, 'mean (mCE)', ce['mCE'],
+                                     ce['relative_mCE']])
     curves = {label: adversarial_curves(r) for label, r in results_by_label.items()}
     if any(curves.values()):
         with open(osp.join(out_dir, 'attacks.csv'), 'w', newline='') as f:
@@ -149,8 +370,9 @@ def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str) -> Tuple[st
 
 
 def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
-         metrics: Optional[Sequence[str]] = None) -> List[str]:
-    """Per-corruption bars and per-severity curves, models side by side; returns the PNGs."""
+         metrics: Optional[Sequence[str]] = None, extras: Optional[Extras] = None) -> List[str]:
+    """Per-corruption bars and per-severity curves, models side by side, and P_clean / mPC /
+    rPC with their intervals where :class:`Extras` has them; returns the PNGs."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -194,6 +416,10 @@ def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
                                f'{name} per severity',
                                osp.join(out_dir, f'per_severity_{safe}.png')))
 
+        if extras is not None and any(name in by for by in extras.intervals.values()):
+            written.append(_interval_plot(summaries, extras, name,
+                                          osp.join(out_dir, f'intervals_{safe}.png')))
+
         curves = {label: adversarial_curves(r).get(name, {})
                   for label, r in results_by_label.items()}
         if any(curves.values()):
@@ -207,6 +433,33 @@ def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
             written.append(_finish(fig, ax, name, f'{name} under attack',
                                    osp.join(out_dir, f'adversarial_{safe}.png')))
     return written
+
+
+def _interval_plot(summaries: Mapping[str, Dict], extras: Extras, name: str, path: str) -> str:
+    """P_clean and mPC (left) and rPC (right) per model, with their bootstrap intervals."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    fig, (left, right) = plt.subplots(1, 2, figsize=(max(6, 1.2 * len(summaries) + 3), 4))
+    xs = np.arange(len(summaries))
+    for ax, quantities in ((left, ('P_clean', 'mPC')), (right, ('rPC', ))):
+        for j, q in enumerate(quantities):
+            scale = 100 if q == 'rPC' else 1
+            values, errs = [], [[], []]
+            for label, s in summaries.items():
+                v = s['metrics'].get(name, {}).get(q, float('nan')) * scale
+                lo, hi = extras.intervals.get(label, {}).get(name, {}).get(
+                    q, (float('nan'), float('nan')))
+                values.append(v)
+                errs[0].append(max(v - lo * scale, 0) if lo == lo else 0)
+                errs[1].append(max(hi * scale - v, 0) if hi == hi else 0)
+            ax.errorbar(xs + 0.1 * j, values, yerr=errs, fmt='o', capsize=4, label=q)
+        ax.set_xticks(xs, list(summaries), rotation=30, ha='right')
+        ax.set_ylabel('rPC %' if quantities == ('rPC', ) else name)
+        ax.legend(fontsize=8)
+    fig.suptitle(f'{name}: {extras.confidence:.0%} bootstrap intervals '
+                 f'({extras.replicates} replicates)')
+    fig.tight_layout()
+    return save_figure(fig, path)
 
 
 def _finish(fig, ax, ylabel: str, title: str, path: str) -> str:

@@ -18,8 +18,8 @@ from ..utils.io import ResultsStore
 from .metrics import CLEAN
 
 __all__ = ['RESULTS_FORMAT', 'IDENTITY_KEYS', 'RobustnessResults', 'ShardError', 'file_sha256',
-           'identity_sha256', 'load_results', 'merge_results', 'parse_shard', 'report_dir',
-           'shard_cells']
+           'evaluation_sha256', 'identity_sha256', 'load_results', 'merge_results',
+           'parse_shard', 'report_dir', 'shard_cells']
 
 RESULTS_FORMAT = 'mmrobust-robustness/1'
 # the keys that must match for a results file to be resumed
@@ -39,6 +39,12 @@ def identity_sha256(identity: Mapping) -> str:
     """Fingerprint of the identity keys (what must match to resume), e.g. for side files."""
     keys = {k: identity.get(k) for k in ('format', ) + IDENTITY_KEYS}
     return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def evaluation_sha256(identity: Mapping) -> str:
+    """Fingerprint of what was evaluated, the same for a run and its shards' merge (the
+    identity keys without ``shard``): names the results a per-image statistics file belongs to."""
+    return identity_sha256({k: v for k, v in identity.items() if k != 'shard'})
 
 
 def report_dir(results_path: str) -> str:

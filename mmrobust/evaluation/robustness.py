@@ -61,8 +61,10 @@ from .coco_metric import (
 )
 from .metrics import CLEAN
 from .one_pass import OnePassUnsupported, one_pass_loader
+from .per_image import PER_IMAGE_KEY, save_cell_stats, stats_dir, stats_path
 from .results import (
     RobustnessResults,
+    evaluation_sha256,
     file_sha256,
     identity_sha256,
     parse_shard,
@@ -273,7 +275,8 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
                         coco_backend: Optional[str] = None,
                         metric_queue: int = DEFAULT_METRIC_QUEUE, one_pass: bool = True,
                         shard: Optional[Tuple[int, int]] = None,
-                        attacks: Optional[Dict[str, Dict]] = None) -> Dict:
+                        attacks: Optional[Dict[str, Dict]] = None,
+                        per_image: bool = True) -> Dict:
     """Evaluate the clean set and every cell of ``protocol``; returns the results dict (rank 0;
     an empty dict on the other ranks).
 
@@ -302,6 +305,11 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     preprocessor (:func:`~.attacks.attack_batch`); they are in the results' ``attacks`` and
     ``cells``, not in mPC / rPC.
 
+    ``per_image`` (default) keeps each cell's per-image statistics (:mod:`.per_image`) in
+    ``<results stem>_per_image/``, from which ``tools/robustness_report.py`` computes bootstrap
+    intervals; the COCO metric then matches each image in Python once more under
+    faster-coco-eval (in the metric worker, beside inference).
+
     Raises:
         MetricWorkerError: the metric worker died or its metric failed; the cell's predictions
             are kept and a rerun resumes from them.
@@ -323,6 +331,12 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     cell_evaluator, backends = select_coco_backend(copy.deepcopy(cfg.test_evaluator),
                                                    coco_backend, DEFAULT_ROBUSTNESS_BACKEND)
     cell_evaluator, _ = use_fast_iou(cell_evaluator)  # NOTE: mmseg's numbers, cheaper per image
+    if per_image:
+        for entry in _metric_entries(cell_evaluator):
+            if entry.get('type') in ('RobustCocoMetric', 'FastIoUMetric'):
+                entry['per_image'] = True
+    stats_folder = stats_dir(results_path)
+    image_roots = _image_roots(cfg, corrupted_root)
     rank, _ = get_dist_info()
     folder = predictions_dir(results_path)
     results: Optional[RobustnessResults] = None
@@ -376,6 +390,15 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         # NOTE: this run's seconds on the cell: its inference and the wait for its metric
         timing['wall_s'] = round((0.0 if timing.get('resumed_from_predictions') else
                                   timing.get('inference_s', 0.0)) + timing['wait_s'], 3)
+        blocks = metrics.pop(PER_IMAGE_KEY, None)
+        if blocks:  # NOTE: written before the cell is recorded: a recorded cell has its file
+            for block in blocks:
+                if block['kind'] == 'iou':
+                    block['images'] = [_image_key(p, cell, image_roots)
+                                       for p in block['images']]
+            os.makedirs(stats_folder, exist_ok=True)
+            save_cell_stats(stats_path(stats_folder, *cell), cell,
+                            evaluation_sha256(results.identity), blocks)
         results.record(*cell, _numeric(metrics), timing)
         if path and osp.exists(path):
             os.remove(path)  # NOTE: only once the metrics are in the results file
@@ -515,6 +538,27 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
             f'{k[:-2]} {v} s ({summary["shares"][k]:.0%})' for k, v in summary.items()
             if k in summary['shares']) + f'; wall {summary["wall_s"]} s', logger='current')
     return results.data if results is not None else {}
+
+
+def _image_roots(cfg: Config, corrupted_root: Optional[str]) -> List[str]:
+    """Folders whose paths name an image the same way in every cell (the stored set's cell
+    folders first, as ``<root>/<corruption>/<severity>``, then the datasets' data roots)."""
+    roots = [osp.join(corrupted_root, '{corruption}', '{severity}')] if corrupted_root else []
+    for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
+        if dataset.get('data_root'):
+            roots.append(str(dataset['data_root']))
+    return roots
+
+
+def _image_key(path: str, cell: Tuple[str, int], roots: List[str]) -> str:
+    """An image's path relative to the first root it is under (the same image in every cell,
+    stored or corrupted on the fly), else the path."""
+    for root in roots:
+        root = osp.abspath(root.format(corruption=cell[0], severity=cell[1]))
+        full = osp.abspath(path)
+        if full.startswith(root + os.sep):
+            return osp.relpath(full, root)
+    return path
 
 
 def _label(cell: Tuple[str, int]) -> str:

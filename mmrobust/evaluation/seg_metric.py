@@ -8,7 +8,7 @@ vectors from one confusion matrix (one ``bincount`` over ``label * C + pred``); 
 equal (integer counts; tests/test_seg_metric.py), so robustness runs use it in place of
 ``IoUMetric``.
 """
-from typing import Tuple
+from typing import Dict, Sequence, Tuple
 
 import torch
 from mmseg.evaluation import IoUMetric
@@ -41,7 +41,35 @@ def confusion_areas(pred_label: torch.Tensor, label: torch.Tensor, num_classes: 
 
 @METRICS.register_module()
 class FastIoUMetric(IoUMetric):
-    """mmseg's ``IoUMetric`` (same arguments and keys) counting areas by :func:`confusion_areas`."""
+    """mmseg's ``IoUMetric`` (same arguments and keys) counting areas by :func:`confusion_areas`.
+
+    Args:
+        per_image: also return, under :data:`~.per_image.PER_IMAGE_KEY`, every image's areas
+            (:func:`~.per_image.iou_block`) for the bootstrap of ``tools/robustness_report.py``
+            (robustness runs set it).
+        **kwargs: mmseg's ``IoUMetric`` arguments.
+    """
+
+    def __init__(self, per_image: bool = False, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.per_image = per_image
+
+    def process(self, data_batch: dict, data_samples: Sequence[dict]) -> None:
+        start = len(self.results)
+        super().process(data_batch, data_samples)
+        if self.per_image and not self.format_only:
+            # NOTE: the image travels with its areas (results are gathered across ranks)
+            self.results[start:] = [(*areas, sample.get('img_path', '')) for areas, sample
+                                    in zip(self.results[start:], data_samples)]
+
+    def compute_metrics(self, results: list) -> Dict[str, float]:
+        if not self.per_image or self.format_only:
+            return super().compute_metrics(results)
+        from .per_image import PER_IMAGE_KEY, iou_block
+        metrics = super().compute_metrics([r[:4] for r in results])
+        metrics[PER_IMAGE_KEY] = [iou_block([r[:4] for r in results], [r[4] for r in results],
+                                            '', self.beta)]
+        return metrics
 
     @staticmethod
     def intersect_and_union(pred_label: torch.Tensor, label: torch.Tensor, num_classes: int,
