@@ -25,6 +25,7 @@ from mmrobust.evaluation.per_image import (
     PER_IMAGE_KEY,
     CocoAP,
     IoUStats,
+    _eval_imgs_arrays,
     coco_block,
     iou_block,
     load_cell_stats,
@@ -97,7 +98,11 @@ def test_per_image_ap_with_unit_weights_is_pycocotools(coco_set, iou_type, mmdet
         ap = CocoAP(coco_block(ev, 'x_'))
         assert len(ap.images) == len(gt['images'])
         np.testing.assert_allclose(_items(ap.values(np.ones((1, len(ap.images))))),
-                                   reference.stats[:6], rtol=0, atol=1e-12)
+                                   reference.stats[:6], rtol=0, atol=1e-12, err_msg=backend)
+    # a COCOeval without its IoUs (mmdet's COCOevalMP) is read from its evalImgs: the same
+    from_eval_imgs = CocoAP({**coco_block(reference, 'x_'), **_eval_imgs_arrays(reference)})
+    np.testing.assert_allclose(_items(from_eval_imgs.values(np.ones((1, len(ap.images))))),
+                               reference.stats[:6], rtol=0, atol=1e-12)
 
 
 def test_per_image_ap_keeps_the_top_100_of_a_class_for_map_under_mmdets_max_dets(tmp_path):

@@ -5,10 +5,11 @@ per replicate would cost a whole evaluation each, so each metric keeps, once per
 needs per image, and :class:`CocoAP` / :class:`IoUStats` recompute the metric for integer image
 weights (how often the replicate drew each image):
 
-- COCO AP: pycocotools' ``evaluateImg`` matches each image once; its detections (score, rank in
-  the image, matched / ignored per IoU threshold) and its non-ignored ground-truth counts per
-  category and area range are kept, and ``accumulate`` is redone with weights (a detection drawn
-  twice counts twice). With all weights 1 it gives pycocotools' numbers.
+- COCO AP: pycocotools' per-image matching (``evaluateImg``), done once per cell by a compiled
+  loop (:mod:`._match`) from the IoUs the evaluation computed; the detections (score, rank in
+  the image, matched / ignored per IoU threshold) and the non-ignored ground-truth counts per
+  image, category and area range are kept, and ``accumulate`` is redone with weights (a
+  detection drawn twice counts twice). With all weights 1 it gives pycocotools' numbers.
 - mIoU (and mAcc, aAcc, mDice, mFscore, ...): the per-image intersection, union, predicted and
   label areas per class; weighted sums replace the sums.
 
@@ -17,7 +18,7 @@ atomically), next to the results file.
 """
 import json
 import os.path as osp
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -48,119 +49,141 @@ def stats_path(folder: str, corruption: str, severity: int) -> str:
 
 # -- what the metrics keep -------------------------------------------------------------------------
 
-def _eval_imgs(coco_eval: Any) -> Iterator[Tuple[int, dict]]:
-    """``(index, evalImg)`` of pycocotools' ``evalImgs`` (category, area range, image order)
-    that are not None, of an evaluated COCOeval. faster-coco-eval keeps them in C++ only, so for
-    it they are recomputed from its IoUs (the pairs with ground truth or detections only)."""
-    if getattr(coco_eval, 'evalImgs', None):
-        yield from ((i, e) for i, e in enumerate(coco_eval.evalImgs) if e is not None)
-        return
-    if not hasattr(coco_eval, 'gt_dataset'):
-        raise TypeError(f'{type(coco_eval).__name__} keeps no per-image evaluation (evalImgs)')
-    p = coco_eval.params
-    if not p.useCats:
-        raise TypeError('per-image statistics of faster-coco-eval need useCats')
-    img_index = {img: i for i, img in enumerate(p.imgIds)}
-    cat_index = {cat: k for k, cat in enumerate(p.catIds)}
-    pairs = {(a['image_id'], a['category_id']) for coco in (coco_eval.cocoGt, coco_eval.cocoDt)
-             for a in coco.anns.values()
-             if a['image_id'] in img_index and a['category_id'] in cat_index}
-    n_img, n_area = len(p.imgIds), len(p.areaRng)
-    found = []
-    for img, cat in pairs:
-        gts = coco_eval.gt_dataset.get_instances([img], [cat], True)[0][0]
-        dts = coco_eval.dt_dataset.get_instances([img], [cat], True)[0][0]
-        for a, a_rng in enumerate(p.areaRng):
-            e = _evaluate_img(gts, dts, coco_eval.ious.get((img, cat), []), a_rng,
-                              p.maxDets[-1], p.iouThrs)
-            if e is not None:
-                found.append(((cat_index[cat] * n_area + a) * n_img + img_index[img], e))
-    yield from sorted(found, key=lambda item: item[0])
-
-
-def _evaluate_img(gt: list, dt: list, ious, a_rng, max_det: int, iou_thrs) -> Optional[dict]:
-    """pycocotools' ``COCOeval.evaluateImg`` for one image and category (its greedy matching,
-    ties and ignore rules), on the IoUs of its dt sorted by score and truncated to ``max_det``."""
-    if not gt and not dt:
-        return None
-    g_ignore = [int(g.get('ignore', g.get('iscrowd', 0)) or g['area'] < a_rng[0]
-                    or g['area'] > a_rng[1]) for g in gt]
-    gtind = np.argsort(g_ignore, kind='mergesort')
-    gt = [gt[i] for i in gtind]
-    gt_ig = np.array([g_ignore[i] for i in gtind])
-    dtind = np.argsort([-d['score'] for d in dt], kind='mergesort')
-    dt = [dt[i] for i in dtind[:max_det]]
-    iscrowd = [int(g.get('iscrowd', 0)) for g in gt]
-    ious = np.asarray(ious)[:, gtind] if len(ious) > 0 else ious
-    t_count, g_count, d_count = len(iou_thrs), len(gt), len(dt)
-    gtm, dtm = np.zeros((t_count, g_count)), np.zeros((t_count, d_count))
-    dt_ig = np.zeros((t_count, d_count))
-    if len(ious):
-        for tind, t in enumerate(iou_thrs):
-            for dind, d in enumerate(dt):
-                iou, m = min(t, 1 - 1e-10), -1
-                for gind in range(g_count):
-                    if gtm[tind, gind] > 0 and not iscrowd[gind]:
-                        continue
-                    if m > -1 and gt_ig[m] == 0 and gt_ig[gind] == 1:
-                        break
-                    if ious[dind, gind] < iou:
-                        continue
-                    iou, m = ious[dind, gind], gind
-                if m == -1:
-                    continue
-                dt_ig[tind, dind] = gt_ig[m]
-                dtm[tind, dind] = gt[m]['id']
-                gtm[tind, m] = d['id']
-    outside = np.array([d['area'] < a_rng[0] or d['area'] > a_rng[1] for d in dt]
-                       ).reshape(1, d_count)
-    dt_ig = np.logical_or(dt_ig, np.logical_and(dtm == 0, np.repeat(outside, t_count, 0)))
-    return {'dtScores': [d['score'] for d in dt], 'dtMatches': dtm, 'dtIgnore': dt_ig,
-            'gtIgnore': gt_ig}
-
-
 def coco_block(coco_eval: Any, metric_prefix: str) -> Dict[str, Any]:
     """What :class:`CocoAP` needs of an evaluated COCOeval, as flat arrays.
 
-    Detections that are ignored at every IoU threshold (they count neither way) are dropped.
+    pycocotools' per-image matching, from the IoUs the evaluation computed (pycocotools and
+    faster-coco-eval keep them), by one compiled loop (:mod:`._match`); a COCOeval without
+    them (mmdet's COCOevalMP) is read from its ``evalImgs``. Detections that are ignored at
+    every IoU threshold (they count neither way) are dropped.
     """
     p = coco_eval.params
+    if p.useCats and isinstance(getattr(coco_eval, 'ious', None), dict) and coco_eval.ious:
+        arrays = _matched_arrays(coco_eval)
+    else:
+        arrays = _eval_imgs_arrays(coco_eval)
     cats = p.catIds if p.useCats else [-1]
-    n_img, n_area = len(p.imgIds), len(p.areaRng)
+    return {
+        'kind': 'coco', 'metric_prefix': metric_prefix,
+        'images': np.array([str(i) for i in p.imgIds]),
+        'groups': np.array([len(cats) * len(p.areaRng)]), 'areas': np.array(list(p.areaRngLbl)),
+        'iou_thrs': np.asarray(p.iouThrs, dtype=np.float64),
+        'rec_thrs': np.asarray(p.recThrs, dtype=np.float64),
+        'max_dets': np.asarray(p.maxDets, dtype=np.int64), **arrays}
+
+
+def _matched_arrays(coco_eval: Any) -> Dict[str, np.ndarray]:
+    """The block's detection and ground-truth arrays from the evaluation's IoUs."""
+    from ._match import match_pairs
+    p = coco_eval.params
+    img_index = {img: i for i, img in enumerate(p.imgIds)}
+    cat_index = {cat: k for k, cat in enumerate(p.catIds)}
+    n_area, max_det = len(p.areaRng), p.maxDets[-1]
+
+    def table(coco, keys):
+        # NOTE: the order evaluate() reads them in (loadAnns(getAnnIds(...))), which orders the
+        # columns (ground truth) and ties (detections) of its IoU matrices
+        anns = coco.loadAnns(coco.getAnnIds(imgIds=p.imgIds, catIds=p.catIds))
+        anns = [a for a in anns if a['image_id'] in img_index and a['category_id'] in cat_index]
+        cols = {k: np.array([float(a.get(k, 0) or 0) for a in anns]) for k in keys}
+        cols['img'] = np.array([img_index[a['image_id']] for a in anns], dtype=np.int64)
+        cols['cat'] = np.array([cat_index[a['category_id']] for a in anns], dtype=np.int64)
+        return cols
+
+    gt = table(coco_eval.cocoGt, ('area', 'iscrowd', 'id'))
+    dt = table(coco_eval.cocoDt, ('area', 'score', 'id'))
+    n_cat = len(p.catIds)
+    g_key, d_key = gt['img'] * n_cat + gt['cat'], dt['img'] * n_cat + dt['cat']
+    g_order = np.lexsort((np.arange(len(g_key)), g_key))
+    d_order = np.lexsort((np.arange(len(d_key)), -dt['score'], d_key))  # pycocotools' sort
+    g_key, d_key = g_key[g_order], d_key[d_order]
+    gt = {k: v[g_order] for k, v in gt.items()}
+    dt = {k: v[d_order] for k, v in dt.items()}
+    # rank within the pair; pycocotools keeps the best maxDets[-1]
+    d_start = np.searchsorted(d_key, d_key, 'left')
+    rank = np.arange(len(d_key)) - d_start
+    keep = rank < max_det
+    dt = {k: v[keep] for k, v in dt.items()}
+    d_key, rank = d_key[keep], rank[keep]
+    keys = np.union1d(g_key, d_key)
+    g_off = np.searchsorted(g_key, keys, 'left')
+    d_off = np.searchsorted(d_key, keys, 'left')
+    g_off = np.append(g_off, len(g_key))
+    d_off = np.append(d_off, len(d_key))
+    blocks, iou_off = [], [0]
+    for pair, key in enumerate(keys):
+        img, cat = p.imgIds[key // n_cat], p.catIds[key % n_cat]
+        iou = coco_eval.ious.get((img, cat), [])
+        n_g, n_d = g_off[pair + 1] - g_off[pair], d_off[pair + 1] - d_off[pair]
+        if len(iou) and n_g and n_d:
+            iou = np.asarray(iou, dtype=np.float64)
+            if iou.shape != (n_d, n_g):
+                raise ValueError(f'the IoUs of image {img}, category {cat} are {iou.shape}, '
+                                 f'not {(n_d, n_g)} (detections x ground truth)')
+            blocks.append(iou.ravel())
+            iou_off.append(iou_off[-1] + iou.size)
+        else:
+            iou_off.append(iou_off[-1])
+    matched, ignored, npig = match_pairs(
+        g_off, d_off, np.asarray(iou_off, dtype=np.int64),
+        np.concatenate(blocks) if blocks else np.zeros(0), gt['area'], gt['iscrowd'] > 0,
+        gt['id'].astype(np.int64), dt['area'], dt['id'].astype(np.int64),
+        np.asarray(p.areaRng, dtype=np.float64), np.asarray(p.iouThrs, dtype=np.float64))
+    cols: Dict[str, List[np.ndarray]] = {k: [] for k in ('group', 'img', 'rank', 'score', 'tp',
+                                                          'ig')}
+    for a in range(n_area):
+        counted = ~ignored[a].all(0)
+        cols['group'].append(dt['cat'][counted] * n_area + a)
+        cols['img'].append(dt['img'][counted])
+        cols['rank'].append(rank[counted])
+        cols['score'].append(dt['score'][counted])
+        cols['tp'].append(matched[a][:, counted].T)
+        cols['ig'].append(ignored[a][:, counted].T)
+    pair_img, pair_cat = keys // n_cat, keys % n_cat
+    has = np.nonzero(npig)
+    return {
+        'group': np.concatenate(cols['group']).astype(np.int32),
+        'img': np.concatenate(cols['img']).astype(np.int32),
+        'rank': np.concatenate(cols['rank']).astype(np.int32),
+        'score': np.concatenate(cols['score']).astype(np.float64),
+        'tp': np.concatenate(cols['tp']), 'ig': np.concatenate(cols['ig']),
+        'npig_group': (pair_cat[has[0]] * n_area + has[1]).astype(np.int32),
+        'npig_img': pair_img[has[0]].astype(np.int32),
+        'npig_count': npig[has].astype(np.int64)}
+
+
+def _eval_imgs_arrays(coco_eval: Any) -> Dict[str, np.ndarray]:
+    """The block's arrays from pycocotools' ``evalImgs`` (category, area range, image order)."""
+    p = coco_eval.params
+    n_img, t_count = len(p.imgIds), len(p.iouThrs)
     group, img, rank, score, tp, ig = [], [], [], [], [], []
     np_group, np_img, np_count = [], [], []
-    for index, e in _eval_imgs(coco_eval):
+    for index, e in enumerate(coco_eval.evalImgs):
+        if e is None:
+            continue
         g, i = divmod(index, n_img)  # g = category * n_area + area
         npig = int(np.count_nonzero(np.asarray(e['gtIgnore']) == 0))
         if npig:
             np_group.append(g)
             np_img.append(i)
             np_count.append(npig)
-        matched = np.asarray(e['dtMatches']) != 0
-        ignored = np.asarray(e['dtIgnore'], dtype=bool)
-        keep = ~ignored.all(0)
-        for d in np.flatnonzero(keep):
-            group.append(g)
-            img.append(i)
-            rank.append(d)
-            score.append(e['dtScores'][d])
-        tp.append(matched[:, keep].T)
+        ignored = np.asarray(e['dtIgnore'], dtype=bool).reshape(t_count, -1)
+        keep = np.flatnonzero(~ignored.all(0))
+        group.append(np.full(len(keep), g))
+        img.append(np.full(len(keep), i))
+        rank.append(keep)
+        score.append(np.asarray(e['dtScores'], dtype=np.float64)[keep])
+        tp.append((np.asarray(e['dtMatches']).reshape(t_count, -1) != 0)[:, keep].T)
         ig.append(ignored[:, keep].T)
-    t_count = len(p.iouThrs)
-    return {
-        'kind': 'coco', 'metric_prefix': metric_prefix,
-        'images': np.array([str(i) for i in p.imgIds]),
-        'groups': np.array([len(cats) * n_area]), 'areas': np.array(list(p.areaRngLbl)),
-        'iou_thrs': np.asarray(p.iouThrs, dtype=np.float64),
-        'rec_thrs': np.asarray(p.recThrs, dtype=np.float64),
-        'max_dets': np.asarray(p.maxDets, dtype=np.int64),
-        'group': np.asarray(group, dtype=np.int32), 'img': np.asarray(img, dtype=np.int32),
-        'rank': np.asarray(rank, dtype=np.int32), 'score': np.asarray(score, dtype=np.float64),
-        'tp': np.concatenate(tp) if tp else np.zeros((0, t_count), bool),
-        'ig': np.concatenate(ig) if ig else np.zeros((0, t_count), bool),
-        'npig_group': np.asarray(np_group, dtype=np.int32),
-        'npig_img': np.asarray(np_img, dtype=np.int32),
-        'npig_count': np.asarray(np_count, dtype=np.int64)}
+
+    def cat(parts, dtype, shape=(0, )):
+        return np.concatenate(parts).astype(dtype) if parts else np.zeros(shape, dtype)
+    return {'group': cat(group, np.int32), 'img': cat(img, np.int32),
+            'rank': cat(rank, np.int32), 'score': cat(score, np.float64),
+            'tp': cat(tp, bool, (0, t_count)), 'ig': cat(ig, bool, (0, t_count)),
+            'npig_group': np.asarray(np_group, dtype=np.int32),
+            'npig_img': np.asarray(np_img, dtype=np.int32),
+            'npig_count': np.asarray(np_count, dtype=np.int64)}
 
 
 def iou_block(areas: Sequence[Sequence], images: Sequence[str], metric_prefix: str,
@@ -233,10 +256,28 @@ class CocoAP:
         order = np.lexsort((np.arange(len(group)), -np.asarray(block['score']), group))
         self.group, self.img = group[order], np.asarray(block['img'], dtype=np.int64)[order]
         self.rank = np.asarray(block['rank'])[order]
+        self.deepest = int(self.rank.max()) + 1 if len(self.rank) else 0
         tp, ig = np.asarray(block['tp'], bool)[order], np.asarray(block['ig'], bool)[order]
-        self.tp, self.fp = tp & ~ig, ~tp & ~ig
+        tp &= ~ig
+        counted = ~ig
         self.start = np.searchsorted(self.group, np.arange(self.groups), 'left')
-        self.end = np.searchsorted(self.group, np.arange(self.groups), 'right')
+        # per threshold: the true positives (in order) with their groups' spans among them,
+        # and the detections counted unlike at the reference (first) threshold
+        self.counted_ref = counted[:, 0] if counted.size else np.zeros(0, bool)
+        self.tp_idx, self.tp_group, self.tp_start, self.tp_first = [], [], [], []
+        self.diff_idx, self.diff_sign = [], []
+        for t in range(len(self.iou_thrs)):
+            idx = np.flatnonzero(tp[:, t]) if tp.size else np.zeros(0, np.int64)
+            grp = self.group[idx]
+            self.tp_idx.append(idx)
+            self.tp_group.append(grp)
+            self.tp_start.append(np.searchsorted(grp, np.arange(self.groups), 'left'))
+            # where each group's true positives begin (among them)
+            self.tp_first.append(np.flatnonzero(np.diff(grp, prepend=-1) != 0))
+            col = counted[:, t] if counted.size else np.zeros(0, bool)
+            diff = np.flatnonzero(col != self.counted_ref)
+            self.diff_idx.append(diff)
+            self.diff_sign.append(col[diff].astype(np.float64) - self.counted_ref[diff])
         self.np_group = np.asarray(block['npig_group'], dtype=np.int64)
         self.np_img = np.asarray(block['npig_img'], dtype=np.int64)
         self.np_count = np.asarray(block['npig_count'], dtype=np.float64)
@@ -254,30 +295,53 @@ class CocoAP:
 
     def precision(self, w: np.ndarray, max_det: int) -> np.ndarray:
         """pycocotools' ``eval['precision'][:, :, k, a, m]`` for one weight vector:
-        ``(T, len(rec_thrs), groups)``, -1 where a group has no (weighted) ground truth."""
+        ``(T, len(rec_thrs), groups)``, -1 where a group has no (weighted) ground truth.
+
+        Only true positives move the curve: recall rises at them only (so the first recall
+        reaching a threshold is at one), and a false positive's precision is below the point
+        before it (so the running maximum is taken at one). The curve is computed at the true
+        positives; the false positives enter through the cumulative counts."""
         n_t, n_r, n_g = len(self.iou_thrs), len(self.rec_thrs), self.groups
         npig = np.bincount(self.np_group, weights=w[self.np_img] * self.np_count, minlength=n_g)
         out = np.full((n_t, n_r, n_g), -1.0)
-        ew = w[self.img] * (self.rank < max_det)
         has_gt = npig > 0
-        seg = self.group
-        off_up = 2.0 * seg  # keeps the groups' recall (in [0, 1]) apart for one search
-        off_down = 2.0 * (n_g - 1 - seg)  # ... and their precision for one running max
-        queries = (self.rec_thrs[None, :] + 2.0 * np.arange(n_g)[:, None])  # (G, R)
-        starts, ends = self.start[:, None], self.end[:, None]
-        denom = np.where(has_gt, npig, 1.0)[seg]
+        denom = np.where(has_gt, npig, 1.0)
+        ew = w[self.img] * (self.rank < max_det)
+        # counted (not ignored) detections, cumulated once: the reference threshold's, plus
+        # the few that another threshold counts differently (matched to an ignored object)
+        counted = np.concatenate([[0.0], np.cumsum(ew * self.counted_ref)])
         for t in range(n_t):
-            tp = _segment_cumsum(ew * self.tp[:, t], self.start, seg)
-            fp = _segment_cumsum(ew * self.fp[:, t], self.start, seg)
-            rc = np.where(has_gt[seg], tp / denom, 0.0)
-            pr = tp / (fp + tp + np.spacing(1))
-            env = np.maximum.accumulate((pr + off_down)[::-1])[::-1] - off_down
-            pos = np.searchsorted(rc + off_up, queries.ravel(), 'left').reshape(n_g, n_r)
-            pos = _exact_positions(pos, rc, self.rec_thrs[None, :], starts, ends)
-            valid = pos < ends
-            q = np.where(valid, env[np.minimum(pos, max(len(env) - 1, 0))] if len(env)
-                         else 0.0, 0.0)
-            out[t] = np.where(has_gt[None, :], q.T, -1.0)
+            idx, grp = self.tp_idx[t], self.tp_group[t]
+            if not len(idx):
+                out[t] = np.where(has_gt[None, :], 0.0, -1.0)
+                continue
+            tp_cum = np.concatenate([[0.0], np.cumsum(ew[idx])])
+            tp = tp_cum[1:] - tp_cum[self.tp_start[t][grp]]
+            seen = counted[idx + 1] - counted[self.start[grp]]
+            d_idx = self.diff_idx[t]
+            if len(d_idx):
+                d_cum = np.concatenate([[0.0], np.cumsum(ew[d_idx] * self.diff_sign[t])])
+                seen += (d_cum[np.searchsorted(d_idx, idx, 'right')]
+                         - d_cum[np.searchsorted(d_idx, self.start[grp], 'left')])
+            rc = np.where(has_gt[grp], tp / denom[grp], 0.0)
+            pr = tp / (seen + np.spacing(1))  # NOTE: seen = tp + fp, as pycocotools sums it
+            # NOTE: complex numbers order lexicographically (real, then imaginary part), so
+            # (group, precision) keys give every group's running maximum at once, exactly
+            down = (n_g - 1 - grp).astype(np.float64)  # a later group never raises an earlier
+            env = np.maximum.accumulate((down + 1j * pr)[::-1])[::-1].imag
+            # pycocotools' q[r] = env[searchsorted(rc, recThrs, 'left')[r]] within each group:
+            # a detection is the first to reach thresholds prev..reached-1, where reached counts
+            # the thresholds its recall reaches (exact comparisons) and prev its predecessor's
+            reached = np.searchsorted(self.rec_thrs, rc, 'right')
+            prev = np.concatenate([[0], reached[:-1]])
+            prev[self.tp_first[t]] = 0
+            counts = reached - prev
+            first = np.cumsum(counts) - counts
+            targets = (np.arange(int(counts.sum())) - np.repeat(first, counts)
+                       + np.repeat(grp * n_r + prev, counts))
+            q = np.zeros(n_g * n_r)
+            q[targets] = np.repeat(env, counts)
+            out[t] = np.where(has_gt[None, :], q.reshape(n_g, n_r).T, -1.0)
         return out
 
     def values(self, weights: np.ndarray) -> Dict[str, np.ndarray]:
@@ -292,6 +356,7 @@ class CocoAP:
                 if m is None or area not in self.areas:
                     out[self.prefix + item][r] = -1.0
                     continue
+                m = min(m, self.deepest)  # NOTE: a cut below every detection is no cut
                 if m not in cache:
                     cache[m] = self.precision(w, m)
                 prec = cache[m].reshape(len(self.iou_thrs), len(self.rec_thrs), self.n_cat,
@@ -304,28 +369,6 @@ class CocoAP:
                 s = prec[prec > -1]
                 out[self.prefix + item][r] = float(np.mean(s)) if s.size else -1.0
         return out
-
-
-def _segment_cumsum(x: np.ndarray, start: np.ndarray, seg: np.ndarray) -> np.ndarray:
-    """Cumulative sums restarting at each group (integer-valued sums: exact)."""
-    c = np.concatenate([[0.0], np.cumsum(x)])
-    return c[1:] - c[start[seg]] if len(x) else c[1:]
-
-
-def _exact_positions(pos: np.ndarray, rc: np.ndarray, thr: np.ndarray, starts: np.ndarray,
-                     ends: np.ndarray) -> np.ndarray:
-    """pycocotools' ``searchsorted(rc, thr, 'left')`` within each group: the offset search is
-    exact up to rounding, so step to the first recall >= thr where rounding put it off by one."""
-    pos = np.clip(pos, starts, ends)
-    if not len(rc):
-        return pos
-    for _ in range(len(rc) + 1):
-        back = (pos > starts) & (rc[np.maximum(pos - 1, 0)] >= thr)
-        ahead = (pos < ends) & (rc[np.minimum(pos, len(rc) - 1)] < thr)
-        if not (back.any() or ahead.any()):
-            break
-        pos = pos - back + ahead
-    return pos
 
 
 def scorer(block: Mapping[str, Any]):

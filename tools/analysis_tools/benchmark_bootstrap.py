@@ -1,6 +1,6 @@
 """What the bootstrap intervals of one COCO cell cost, next to the cell's evaluation.
 
-    python tools/analysis_tools/benchmark_bootstrap.py                     # 500 images, ~2 min
+    python tools/analysis_tools/benchmark_bootstrap.py                     # 500 images, ~1 min
     python tools/analysis_tools/benchmark_bootstrap.py --n 5000 --rounds 2  # COCO val scale
 
 On a synthetic COCO-format set (as ``benchmark_coco_metric.py``: ~7 objects per image over 80
@@ -116,7 +116,7 @@ def main() -> None:
     print('|---|---|---|')
     for name, values in times.items():
         print(f'| {name} | {fmt_range(summary(values), ".2f")} | '
-              f'{fmt_range(ratio_summary(base, values))}x |')
+              f'{fmt_range(ratio_summary(values, base))}x |')
     print(f'\n{time.perf_counter() - start:.0f} s; load average now {os.getloadavg()[0]:.2f}')
 
 
