@@ -17,7 +17,8 @@ classes, 100 detections per image, mmdet's maxDets), per round and interleaved:
   ``tools/robustness_report.py`` does per cell, after the run).
 
 Ratios are per round against the faster-coco-eval evaluation (median and range). The first
-round checks that the statistics with unit weights give pycocotools' numbers.
+round checks that the statistics with unit weights give pycocotools' numbers; the size of the
+cell's side file is printed.
 """
 import sys
 from pathlib import Path
@@ -46,7 +47,7 @@ from mmrobust.datasets.synthetic_coco import (
     synthetic_detections,
 )
 from mmrobust.evaluation.coco_metric import coco_backend
-from mmrobust.evaluation.per_image import CocoAP, coco_block
+from mmrobust.evaluation.per_image import CocoAP, coco_block, save_cell_stats
 from mmrobust.evaluation.uncertainty import bootstrap_weights
 from mmrobust.utils.benchmark import fmt_range, interleave, ratio_summary, summary
 
@@ -96,8 +97,11 @@ def main() -> None:
         got = np.array([ones[k][0] for k in ('mAP', 'mAP_50', 'mAP_75', 'mAP_s', 'mAP_m',
                                              'mAP_l')])
         worst = float(np.abs(got - kept['pycocotools'].stats[:6]).max())
-        print(f'per-image statistics: {len(block["score"])} detections kept, unit weights '
-              f'differ from pycocotools by {worst:.1e}', flush=True)
+        side = os.path.join(tmp, 'cell.npz')
+        save_cell_stats(side, ('clean', 0), '', [block])
+        print(f'per-image statistics: {len(block["score"])} detections kept, '
+              f'{os.path.getsize(side) / 2**20:.1f} MiB on disk; unit weights differ from '
+              f'pycocotools by {worst:.1e}', flush=True)
         if worst > 1e-12:
             raise SystemExit('the per-image statistics do not give pycocotools\' numbers')
         cases = {
