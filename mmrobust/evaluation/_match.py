@@ -86,3 +86,54 @@ def match_pairs(g_off: np.ndarray, d_off: np.ndarray, iou_off: np.ndarray, ious:
                     if d_id[d0 + d] > 0:
                         taken[m] = True
     return matched, ignored, npig
+
+
+@_jit
+def weighted_precision(weight: np.ndarray, state: np.ndarray, start: np.ndarray,
+                       npig: np.ndarray, rec_thrs: np.ndarray, out: np.ndarray) -> None:
+    """pycocotools' ``accumulate`` precision (T, R, G) of weighted detections, in ``out``.
+
+    ``weight`` (E,): each detection's count (its image's draws; 0 for one cut by maxDets);
+    ``state`` (T, E): 0 ignored, 1 false positive, 2 true positive at each IoU threshold;
+    detections ordered by group, and by score (stable) within it, ``start`` (G + 1,) the groups'
+    offsets; ``npig`` (G,) the weighted non-ignored ground truth.
+
+    Only true positives make points: a detection drawn k times (k copies) adds points between
+    the curve's points, an ignored or weight-0 one repeats a point, and a false positive's
+    precision is below the point before it, and its recall the same. None of these moves the
+    first point reaching a recall threshold (recall rises at true positives only) or the
+    running maximum of precision, so pycocotools' numbers come from the true positives, with
+    the false positives in the counts.
+    """
+    n_t, n_r = state.shape[0], rec_thrs.shape[0]
+    eps = np.spacing(1.0)
+    longest = 0
+    for g in range(start.shape[0] - 1):
+        longest = max(longest, start[g + 1] - start[g])
+    rc = np.empty(longest)
+    pr = np.empty(longest)
+    for g in range(start.shape[0] - 1):
+        if npig[g] <= 0:
+            out[:, :, g] = -1.0
+            continue
+        for t in range(n_t):
+            n = 0
+            tps = 0.0
+            fps = 0.0
+            for i in range(start[g], start[g + 1]):
+                s = state[t, i]
+                if s == 1:
+                    fps += weight[i]
+                elif s == 2 and weight[i] != 0:
+                    tps += weight[i]
+                    rc[n] = tps / npig[g]
+                    pr[n] = tps / (fps + tps + eps)
+                    n += 1
+            for i in range(n - 1, 0, -1):  # the interpolated precision: max(pr[i:])
+                if pr[i] > pr[i - 1]:
+                    pr[i - 1] = pr[i]
+            j = 0
+            for r in range(n_r):  # searchsorted(rc, recThrs, 'left'), thresholds ascending
+                while j < n and rc[j] < rec_thrs[r]:
+                    j += 1
+                out[t, r, g] = pr[j] if j < n else 0.0

@@ -258,26 +258,9 @@ class CocoAP:
         self.rank = np.asarray(block['rank'])[order]
         self.deepest = int(self.rank.max()) + 1 if len(self.rank) else 0
         tp, ig = np.asarray(block['tp'], bool)[order], np.asarray(block['ig'], bool)[order]
-        tp &= ~ig
-        counted = ~ig
-        self.start = np.searchsorted(self.group, np.arange(self.groups), 'left')
-        # per threshold: the true positives (in order) with their groups' spans among them,
-        # and the detections counted unlike at the reference (first) threshold
-        self.counted_ref = counted[:, 0] if counted.size else np.zeros(0, bool)
-        self.tp_idx, self.tp_group, self.tp_start, self.tp_first = [], [], [], []
-        self.diff_idx, self.diff_sign = [], []
-        for t in range(len(self.iou_thrs)):
-            idx = np.flatnonzero(tp[:, t]) if tp.size else np.zeros(0, np.int64)
-            grp = self.group[idx]
-            self.tp_idx.append(idx)
-            self.tp_group.append(grp)
-            self.tp_start.append(np.searchsorted(grp, np.arange(self.groups), 'left'))
-            # where each group's true positives begin (among them)
-            self.tp_first.append(np.flatnonzero(np.diff(grp, prepend=-1) != 0))
-            col = counted[:, t] if counted.size else np.zeros(0, bool)
-            diff = np.flatnonzero(col != self.counted_ref)
-            self.diff_idx.append(diff)
-            self.diff_sign.append(col[diff].astype(np.float64) - self.counted_ref[diff])
+        # per IoU threshold and detection: 0 ignored, 1 false positive, 2 true positive
+        self.state = np.ascontiguousarray(np.where(ig, 0, np.where(tp, 2, 1)).T.astype(np.int8))
+        self.start = np.searchsorted(self.group, np.arange(self.groups + 1), 'left')
         self.np_group = np.asarray(block['npig_group'], dtype=np.int64)
         self.np_img = np.asarray(block['npig_img'], dtype=np.int64)
         self.np_count = np.asarray(block['npig_count'], dtype=np.float64)
@@ -295,53 +278,13 @@ class CocoAP:
 
     def precision(self, w: np.ndarray, max_det: int) -> np.ndarray:
         """pycocotools' ``eval['precision'][:, :, k, a, m]`` for one weight vector:
-        ``(T, len(rec_thrs), groups)``, -1 where a group has no (weighted) ground truth.
-
-        Only true positives move the curve: recall rises at them only (so the first recall
-        reaching a threshold is at one), and a false positive's precision is below the point
-        before it (so the running maximum is taken at one). The curve is computed at the true
-        positives; the false positives enter through the cumulative counts."""
-        n_t, n_r, n_g = len(self.iou_thrs), len(self.rec_thrs), self.groups
+        ``(T, len(rec_thrs), groups)``, -1 where a group has no (weighted) ground truth."""
+        from ._match import weighted_precision
+        n_g = self.groups
         npig = np.bincount(self.np_group, weights=w[self.np_img] * self.np_count, minlength=n_g)
-        out = np.full((n_t, n_r, n_g), -1.0)
-        has_gt = npig > 0
-        denom = np.where(has_gt, npig, 1.0)
-        ew = w[self.img] * (self.rank < max_det)
-        # counted (not ignored) detections, cumulated once: the reference threshold's, plus
-        # the few that another threshold counts differently (matched to an ignored object)
-        counted = np.concatenate([[0.0], np.cumsum(ew * self.counted_ref)])
-        for t in range(n_t):
-            idx, grp = self.tp_idx[t], self.tp_group[t]
-            if not len(idx):
-                out[t] = np.where(has_gt[None, :], 0.0, -1.0)
-                continue
-            tp_cum = np.concatenate([[0.0], np.cumsum(ew[idx])])
-            tp = tp_cum[1:] - tp_cum[self.tp_start[t][grp]]
-            seen = counted[idx + 1] - counted[self.start[grp]]
-            d_idx = self.diff_idx[t]
-            if len(d_idx):
-                d_cum = np.concatenate([[0.0], np.cumsum(ew[d_idx] * self.diff_sign[t])])
-                seen += (d_cum[np.searchsorted(d_idx, idx, 'right')]
-                         - d_cum[np.searchsorted(d_idx, self.start[grp], 'left')])
-            rc = np.where(has_gt[grp], tp / denom[grp], 0.0)
-            pr = tp / (seen + np.spacing(1))  # NOTE: seen = tp + fp, as pycocotools sums it
-            # NOTE: complex numbers order lexicographically (real, then imaginary part), so
-            # (group, precision) keys give every group's running maximum at once, exactly
-            down = (n_g - 1 - grp).astype(np.float64)  # a later group never raises an earlier
-            env = np.maximum.accumulate((down + 1j * pr)[::-1])[::-1].imag
-            # pycocotools' q[r] = env[searchsorted(rc, recThrs, 'left')[r]] within each group:
-            # a detection is the first to reach thresholds prev..reached-1, where reached counts
-            # the thresholds its recall reaches (exact comparisons) and prev its predecessor's
-            reached = np.searchsorted(self.rec_thrs, rc, 'right')
-            prev = np.concatenate([[0], reached[:-1]])
-            prev[self.tp_first[t]] = 0
-            counts = reached - prev
-            first = np.cumsum(counts) - counts
-            targets = (np.arange(int(counts.sum())) - np.repeat(first, counts)
-                       + np.repeat(grp * n_r + prev, counts))
-            q = np.zeros(n_g * n_r)
-            q[targets] = np.repeat(env, counts)
-            out[t] = np.where(has_gt[None, :], q.reshape(n_g, n_r).T, -1.0)
+        out = np.empty((len(self.iou_thrs), len(self.rec_thrs), n_g))
+        weighted_precision(w[self.img] * (self.rank < max_det), self.state, self.start, npig,
+                           self.rec_thrs, out)
         return out
 
     def values(self, weights: np.ndarray) -> Dict[str, np.ndarray]:
