@@ -331,31 +331,25 @@ def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str,
                                  extras.confidence if iv else '',
                                  extras.replicates if iv else ''])
     if extras.paired:
-        with open(osp.join(out_dir, 'paired.csv'), 'w', newline='') as f:
-            writer = csv.writer(f)
-            writer.writerow(['model', 'minus', 'metric', 'quantity', 'difference', 'ci_low',
-                             'ci_high', 'confidence', 'replicates'])
-            for row in extras.paired:
-                writer.writerow([*row, extras.confidence, extras.replicates])
+        _rows_csv(osp.join(out_dir, 'paired.csv'),
+                  ['model', 'minus', 'metric', 'quantity', 'difference', 'ci_low', 'ci_high',
+                   'confidence', 'replicates'],
+                  [[*row, extras.confidence, extras.replicates] for row in extras.paired])
     if extras.seeds:
-        with open(osp.join(out_dir, 'seeds.csv'), 'w', newline='') as f:
-            writer = csv.writer(f)
-            writer.writerow(['recipe', 'metric', 'quantity', 'files', 'mean', 'std'])
-            for group, by_metric in extras.seeds.items():
-                for name, row in by_metric.items():
-                    for q, (n, mean, std) in row.items():
-                        writer.writerow([group, name, q, n, mean, std])
+        _rows_csv(osp.join(out_dir, 'seeds.csv'),
+                  ['recipe', 'metric', 'quantity', 'files', 'mean', 'std'],
+                  [[group, name, q, n, mean, std] for group, by_metric in extras.seeds.items()
+                   for name, row in by_metric.items() for q, (n, mean, std) in row.items()])
     if extras.errors:
-        with open(osp.join(out_dir, 'corruption_error.csv'), 'w', newline='') as f:
-            writer = csv.writer(f)
-            writer.writerow(['model', 'reference', 'metric', 'corruption', 'CE', 'relative_CE'])
-            for label, by_metric in extras.errors.items():
-                for name, ce in by_metric.items():
-                    for c, v in ce['per_corruption'].items():
-                        writer.writerow([label, extras.reference, name, c, v['CE'],
-                                         v['relative_CE']])
-                    writer.writerow([label, extras.reference, name, 'mean (mCE)', ce['mCE'],
-                                     ce['relative_mCE']])
+        rows = []
+        for label, by_metric in extras.errors.items():
+            for name, ce in by_metric.items():
+                rows += [[label, extras.reference, name, c, v['CE'], v['relative_CE']]
+                         for c, v in ce['per_corruption'].items()]
+                rows.append([label, extras.reference, name, 'mean (mCE)', ce['mCE'],
+                             ce['relative_mCE']])
+        _rows_csv(osp.join(out_dir, 'corruption_error.csv'),
+                  ['model', 'reference', 'metric', 'corruption', 'CE', 'relative_CE'], rows)
     curves = {label: adversarial_curves(r) for label, r in results_by_label.items()}
     if any(curves.values()):
         with open(osp.join(out_dir, 'attacks.csv'), 'w', newline='') as f:
@@ -367,6 +361,13 @@ def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str,
                         for eps, value in points:
                             writer.writerow([label, attack, eps, metric, value])
     return cells_path, summary_path
+
+
+def _rows_csv(path: str, header: Sequence[str], rows: Sequence[Sequence]) -> None:
+    with open(path, 'w', newline='') as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
 
 
 def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
