@@ -181,10 +181,11 @@ def compute_metrics(metrics: Sequence[Any], parts: Sequence[list],
     return out
 
 
-def _compute_file(path: str, metric_cfgs: Sequence[Mapping], scope: Optional[str]
-                  ) -> Tuple[Dict[str, Any], float, Dict[str, Any]]:
+def _compute_file(path: str, metric_cfgs: Sequence[Mapping], scope: Optional[str],
+                  stats: Optional[Any] = None) -> Tuple[Dict[str, Any], float, Dict[str, Any]]:
     """The worker's task: a cell's metrics from its predictions file, the seconds it took and
-    the timing of the cell's inference saved with the predictions."""
+    the timing of the cell's inference saved with the predictions; the per-image statistics
+    go to ``stats`` (a :class:`~.per_image.StatsTarget`) here, off the inference loop."""
     delay = float(os.environ.get(DELAY_ENV) or 0)
     if delay:
         time.sleep(delay)
@@ -192,6 +193,9 @@ def _compute_file(path: str, metric_cfgs: Sequence[Mapping], scope: Optional[str
     payload = load_cell_predictions(path)
     metrics = compute_metrics([_metric(cfg, scope) for cfg in metric_cfgs], payload['parts'],
                               payload['dataset_meta'])
+    if stats is not None:
+        from .per_image import write_cell_stats
+        write_cell_stats(metrics, stats)
     return metrics, time.perf_counter() - start, payload['timing']
 
 
@@ -208,12 +212,13 @@ class MetricWorker:
         self.scope = scope
         self._pool: Optional[ProcessPoolExecutor] = None
 
-    def submit(self, path: str, metric_cfgs: Sequence[Mapping]) -> Future:
+    def submit(self, path: str, metric_cfgs: Sequence[Mapping], stats: Optional[Any] = None
+               ) -> Future:
         if self._pool is None:
             import multiprocessing
             self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn'))
         return self._pool.submit(_compute_file, path, [dict(c) for c in metric_cfgs],
-                                 self.scope)
+                                 self.scope, stats)
 
     def close(self, cancel: bool = False) -> None:
         """Stop the process (``cancel``: without finishing queued cells)."""

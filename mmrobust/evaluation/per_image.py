@@ -17,15 +17,18 @@ Each cell's statistics go to ``<results stem>_per_image/<corruption>_<severity>.
 atomically), next to the results file.
 """
 import json
+import os
 import os.path as osp
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..utils.io import atomic_write
 
-__all__ = ['PER_IMAGE_KEY', 'STATS_FORMAT', 'CocoAP', 'IoUStats', 'coco_block', 'iou_block',
-           'load_cell_stats', 'save_cell_stats', 'scorer', 'stats_dir', 'stats_path']
+__all__ = ['PER_IMAGE_KEY', 'STATS_FORMAT', 'CocoAP', 'IoUStats', 'StatsTarget', 'coco_block',
+           'iou_block', 'load_cell_stats', 'save_cell_stats', 'scorer', 'stats_dir',
+           'stats_path', 'write_cell_stats']
 
 #: Key of a metric's ``compute_metrics`` output that carries its per-image blocks (popped
 #: before the numbers are recorded).
@@ -338,6 +341,40 @@ def save_cell_stats(path: str, cell: Sequence, fingerprint: str,
     arrays['meta'] = np.array(json.dumps(meta))
     with atomic_write(path, 'wb') as f:
         np.savez_compressed(f, **arrays)
+
+
+@dataclass(frozen=True)
+class StatsTarget:
+    """Where a cell's statistics go: the file, the cell, the fingerprint of its evaluation and
+    the folders whose relative paths name an image alike in every cell (picklable: the metric
+    worker writes the file)."""
+    path: str
+    cell: Tuple[str, int]
+    fingerprint: str
+    image_roots: Tuple[str, ...] = ()
+
+    def image_key(self, path: str) -> str:
+        """``path`` relative to the first root it is under, else ``path``."""
+        full = osp.abspath(path)
+        for root in self.image_roots:
+            root = osp.abspath(root)
+            if full.startswith(root + os.sep):
+                return osp.relpath(full, root)
+        return path
+
+
+def write_cell_stats(metrics: Dict[str, Any], target: StatsTarget) -> bool:
+    """Pop the per-image blocks from a cell's ``metrics`` and write them to ``target``
+    (atomically); False when the metrics kept none."""
+    blocks = metrics.pop(PER_IMAGE_KEY, None)
+    if not blocks:
+        return False
+    for block in blocks:
+        if block['kind'] == 'iou':
+            block['images'] = [target.image_key(p) for p in block['images']]
+    os.makedirs(osp.dirname(target.path), exist_ok=True)
+    save_cell_stats(target.path, target.cell, target.fingerprint, blocks)
+    return True
 
 
 def load_cell_stats(path: str) -> Dict[str, Any]:

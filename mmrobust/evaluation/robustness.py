@@ -61,7 +61,7 @@ from .coco_metric import (
 )
 from .metrics import CLEAN
 from .one_pass import OnePassUnsupported, one_pass_loader
-from .per_image import PER_IMAGE_KEY, save_cell_stats, stats_dir, stats_path
+from .per_image import StatsTarget, stats_dir, stats_path, write_cell_stats
 from .results import (
     RobustnessResults,
     evaluation_sha256,
@@ -335,8 +335,7 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         for entry in _metric_entries(cell_evaluator):
             if entry.get('type') in ('RobustCocoMetric', 'FastIoUMetric'):
                 entry['per_image'] = True
-    stats_folder = stats_dir(results_path)
-    image_roots = _image_roots(cfg, corrupted_root)
+    stats_folder = stats_dir(results_path) if per_image else None
     rank, _ = get_dist_info()
     folder = predictions_dir(results_path)
     results: Optional[RobustnessResults] = None
@@ -383,6 +382,15 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     in_flight: deque = deque()
     worker = MetricWorker(cfg.get('default_scope')) if metric_queue and rank == 0 else None
 
+    def stats_target(cell: Tuple[str, int]) -> Optional[StatsTarget]:
+        """Where the cell's per-image statistics go (rank 0; None: not kept)."""
+        if stats_folder is None:
+            return None
+        assert results is not None
+        return StatsTarget(stats_path(stats_folder, *cell), cell,
+                           evaluation_sha256(results.identity),
+                           _image_roots(cfg, corrupted_root, cell))
+
     def record(cell: Tuple[str, int], metrics: Dict, timing: Dict, path: Optional[str]) -> None:
         assert results is not None
         if backends:
@@ -390,15 +398,9 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         # NOTE: this run's seconds on the cell: its inference and the wait for its metric
         timing['wall_s'] = round((0.0 if timing.get('resumed_from_predictions') else
                                   timing.get('inference_s', 0.0)) + timing['wait_s'], 3)
-        blocks = metrics.pop(PER_IMAGE_KEY, None)
-        if blocks:  # NOTE: written before the cell is recorded: a recorded cell has its file
-            for block in blocks:
-                if block['kind'] == 'iou':
-                    block['images'] = [_image_key(p, cell, image_roots)
-                                       for p in block['images']]
-            os.makedirs(stats_folder, exist_ok=True)
-            save_cell_stats(stats_path(stats_folder, *cell), cell,
-                            evaluation_sha256(results.identity), blocks)
+        target = stats_target(cell)
+        if target is not None:  # NOTE: before the cell is recorded: a recorded cell has its file
+            write_cell_stats(metrics, target)  # (the worker's metrics have none left)
         results.record(*cell, _numeric(metrics), timing)
         if path and osp.exists(path):
             os.remove(path)  # NOTE: only once the metrics are in the results file
@@ -437,7 +439,7 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         while len(in_flight) >= metric_queue:
             settle(block=True)
         try:
-            future = worker.submit(path, metric_cfgs(cell)[1])
+            future = worker.submit(path, metric_cfgs(cell)[1], stats_target(cell))
         except BrokenProcessPool:
             while in_flight:  # NOTE: names the cell the worker held when it died
                 settle(block=True)
@@ -540,25 +542,15 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     return results.data if results is not None else {}
 
 
-def _image_roots(cfg: Config, corrupted_root: Optional[str]) -> List[str]:
-    """Folders whose paths name an image the same way in every cell (the stored set's cell
-    folders first, as ``<root>/<corruption>/<severity>``, then the datasets' data roots)."""
-    roots = [osp.join(corrupted_root, '{corruption}', '{severity}')] if corrupted_root else []
+def _image_roots(cfg: Config, corrupted_root: Optional[str], cell: Tuple[str, int]
+                 ) -> Tuple[str, ...]:
+    """Folders under which an image's relative path is the same in every cell: the stored
+    set's folder of ``cell``, then the datasets' data roots."""
+    roots = [osp.join(corrupted_root, cell[0], str(cell[1]))] if corrupted_root else []
     for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
         if dataset.get('data_root'):
             roots.append(str(dataset['data_root']))
-    return roots
-
-
-def _image_key(path: str, cell: Tuple[str, int], roots: List[str]) -> str:
-    """An image's path relative to the first root it is under (the same image in every cell,
-    stored or corrupted on the fly), else the path."""
-    for root in roots:
-        root = osp.abspath(root.format(corruption=cell[0], severity=cell[1]))
-        full = osp.abspath(path)
-        if full.startswith(root + os.sep):
-            return osp.relpath(full, root)
-    return path
+    return tuple(roots)
 
 
 def _label(cell: Tuple[str, int]) -> str:
