@@ -1,5 +1,6 @@
 """Every config in configs/ builds its model, hooks and dataloaders under its own scope.
 
+Models of the model zoo (configs/*/metafile.yml) have the parameter counts their entries list.
 Configs for the real datasets are built on the toy data of the same format when the real data
 is not there (COCO -> toy COCO, Cityscapes -> toy Cityscapes); the toy configs also run a
 training and a test batch through the model.
@@ -13,6 +14,7 @@ from mmengine.config import Config
 from mmengine.registry import HOOKS, MODELS, init_default_scope
 from mmengine.runner import Runner
 
+from mmrobust.apis.model_zoo import count_parameters, load_zoo
 from mmrobust.datasets import TOY_COCO_CLASSES
 from mmrobust.engine import DATHook
 from mmrobust.utils import (
@@ -23,7 +25,9 @@ from mmrobust.utils import (
     leaf_datasets,
 )
 
-from conftest import ALL_CONFIGS, config_id
+from conftest import ALL_CONFIGS, REPO, config_id
+
+ZOO = {osp.normpath(e.config): e for e in load_zoo(str(REPO))}
 
 LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 TOY_ROOTS = {'CocoDataset': ('data/toy_coco/', dict(classes=TOY_COCO_CLASSES)),
@@ -43,9 +47,10 @@ def _on_toy_data(loader_cfg):
     return True
 
 
-def test_there_are_configs_for_both_tasks():
-    scopes = {Config.fromfile(p).default_scope for p in ALL_CONFIGS}
-    assert scopes == {'mmdet', 'mmseg'}
+def test_there_are_toy_configs_for_both_tasks():
+    # the CPU-sized ones (reading every config takes ~10 s: test_config_builds reads each)
+    toy = [p for p in ALL_CONFIGS if p.parent.name == 'toy']
+    assert {Config.fromfile(p).default_scope for p in toy} == {'mmdet', 'mmseg'}
 
 
 @pytest.mark.parametrize('path', ALL_CONFIGS, ids=config_id)
@@ -60,6 +65,10 @@ def test_config_builds(path, toy_data, in_repo):
     if is_toy and tokenizer:
         tokenizer.init_cfg = None  # Dr-ViT: the arch the config names, not its trained weights
     model = MODELS.build(cfg.model)
+    entry = ZOO.get(osp.normpath(osp.relpath(path, REPO)))
+    if entry is not None:  # the model zoo's sizes are the built model's
+        assert count_parameters(model) == (entry.params,
+                                           int(entry.metadata['Trainable Parameters']))
     if is_toy:
         model.init_weights()
     hooks = [HOOKS.build(copy.deepcopy(h)) for h in cfg.get('custom_hooks', [])]

@@ -1,4 +1,6 @@
-"""FLOP counting of fused attention in mmengine's complexity analysis (`get_flops.py`).
+"""FLOP counting: fused attention in mmengine's complexity analysis (`get_flops.py`), and the
+project's own counter (torch's FlopCounterMode with the CPU attention kernel), which the
+benchmarks and the model zoo's metafiles use.
 
 mmengine's jit-based :class:`~mmengine.analysis.FlopAnalyzer` has no handle for
 ``aten::scaled_dot_product_attention``, which every mmrobust attention calls: it warns once and
@@ -8,9 +10,9 @@ handle to mmengine's default tables: it only fills that gap, and every other ope
 mmengine's handle.
 """
 from math import prod
-from typing import Any, List
+from typing import Any, Callable, List
 
-__all__ = ['sdpa_flop_jit', 'register_flop_handles']
+__all__ = ['sdpa_flop_jit', 'register_flop_handles', 'count_flops']
 
 
 def _shape(value: Any) -> List[int]:
@@ -34,3 +36,19 @@ def register_flop_handles() -> None:
                                               sdpa_flop_jit)
     ca._DEFAULT_SUPPORTED_ACT_OPS.setdefault('aten::scaled_dot_product_attention',
                                              generic_activation_jit())
+
+
+def count_flops(fn: Callable[[], Any]) -> int:
+    """FLOPs of ``fn()`` as torch's ``FlopCounterMode`` counts them (matmuls, convolutions and
+    attention; 2 FLOPs per multiply-add), run without gradient."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+    # NOTE: torch's counter knows the GPU attention kernels only; without this, the fused CPU
+    # attention of FAN / Dr-ViT would count as free while plain-matmul attention would not
+    cpu_attention = {
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu:
+            lambda q, k, v, *args, out_shape=None, **kwargs: sdpa_flop_count(q, k, v)}
+    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=cpu_attention) as counter:
+        fn()
+    return int(counter.get_total_flops())

@@ -27,20 +27,13 @@ import resource
 from typing import Dict, List
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from mmrobust.utils.benchmark import fmt_range, interleave_processes, ratio_summary, summary
+from mmrobust.utils.flops import count_flops
 
 BASELINES = ('swin_t', 'resnet50')
 FAN_MODELS = tuple(f'fan_{family}_{arch}' for family in ('hybrid', 'swin')
                    for arch in ('tiny', 'small', 'base', 'large'))
-
-
-# NOTE: torch's counter knows the GPU attention kernels only; without this, the fused CPU
-# attention of the FAN models would count as free while mmdet's Swin (plain matmuls) would not
-_CPU_ATTENTION_FLOPS = {
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu:
-        lambda q, k, v, *args, out_shape=None, **kwargs: sdpa_flop_count(q, k, v)}
 
 
 def build(name: str) -> torch.nn.Module:
@@ -77,9 +70,7 @@ def _setup(name: str, size: int, batch: int, threads: int):
     x = torch.randn(batch, 3, size, size, device=device)
     rss_baseline_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     # NOTE: counted before the timing, and its no-grad forward stays below the training peak
-    with torch.no_grad(), FlopCounterMode(display=False,
-                                          custom_mapping=_CPU_ATTENTION_FLOPS) as counter:
-        model(x)
+    flops = count_flops(lambda: model(x))
     if device == 'cuda':
         torch.cuda.reset_peak_memory_stats()
 
@@ -88,7 +79,7 @@ def _setup(name: str, size: int, batch: int, threads: int):
         sum(o.float().mean() for o in outs).backward()
         model.zero_grad(set_to_none=True)
 
-    info = dict(params_m=params / 1e6, gflops=counter.get_total_flops() / 1e9,
+    info = dict(params_m=params / 1e6, gflops=flops / 1e9,
                 rss_baseline_mb=rss_baseline_mb)
     if device == 'cuda':
         info.update(sync=torch.cuda.synchronize, stats=lambda: dict(

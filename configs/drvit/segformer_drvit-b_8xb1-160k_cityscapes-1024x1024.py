@@ -1,0 +1,4 @@
+# SegFormer head with Dr-ViT-B: base in place of the small backbone of
+# ./segformer_drvit-s_8xb1-160k_cityscapes-1024x1024.py.
+_base_ = ['./segformer_drvit-s_8xb1-160k_cityscapes-1024x1024.py', './_base_/drvit-b.py']
+model = {{_base_.drvit_variant_seg}}

@@ -1,0 +1,4 @@
+# Cascade Mask R-CNN + FPN with FAN-B-Hybrid: base in place of the small backbone of
+# ./cascade-mask-rcnn_fan-s-hybrid_fpn_ms-3x_coco.py.
+_base_ = ['./cascade-mask-rcnn_fan-s-hybrid_fpn_ms-3x_coco.py', './_base_/fan-b-hybrid.py']
+model = {{_base_.fan_variant_det}}

@@ -1,0 +1,4 @@
+# Mask R-CNN + FPN with FAN-Swin-S (depths 2-2-18-2, drop path 0.3 as Swin-S): small in place of
+# the tiny backbone of ./mask-rcnn_fan-swin-t_fpn_ms-crop-3x_coco.py.
+_base_ = './mask-rcnn_fan-swin-t_fpn_ms-crop-3x_coco.py'
+model = dict(backbone=dict(arch='small', drop_path_rate=0.3))

@@ -1,0 +1,4 @@
+# SegFormer head with FAN-L-Hybrid: large in place of the small backbone of
+# ./segformer_fan-s-hybrid_8xb2-160k_ade20k-512x512.py.
+_base_ = ['./segformer_fan-s-hybrid_8xb2-160k_ade20k-512x512.py', './_base_/fan-l-hybrid.py']
+model = {{_base_.fan_variant_seg}}

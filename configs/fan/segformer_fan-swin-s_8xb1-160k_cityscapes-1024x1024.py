@@ -1,0 +1,4 @@
+# SegFormer head with FAN-Swin-S: small in place of the tiny backbone of
+# ./segformer_fan-swin-t_8xb1-160k_cityscapes-1024x1024.py.
+_base_ = './segformer_fan-swin-t_8xb1-160k_cityscapes-1024x1024.py'
+model = dict(backbone=dict(arch='small', drop_path_rate=0.3))

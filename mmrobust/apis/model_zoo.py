@@ -1,0 +1,329 @@
+"""The model zoo: every ``configs/<folder>/metafile.yml`` entry (OpenMMLab's metafile format)
+with its parameters, FLOPs and the papers' published numbers, and the check of a robustness
+results file against the published target of its config.
+
+Published numbers are the papers' (``Results``), never reproduced here; a metric's name says
+what it is (``box AP``: COCO-style AP@[.5:.95] x 100 on the clean set; ``box mPC`` /
+``box rPC``: mean over a protocol's corruption cells and its ratio to the clean score, in %;
+``mIoU`` / ``mIoU mPC`` / ``mIoU rPC`` likewise for segmentation). The protocol the paper
+used is the model's ``Metadata.Robustness Protocol``.
+"""
+import glob
+import os.path as osp
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Sequence, Tuple
+
+import torch
+
+__all__ = ['ZooEntry', 'METRICS', 'load_zoo', 'zoo_folders', 'build_zoo_model',
+           'count_parameters', 'measure_flops', 'update_metadata', 'select', 'zoo_table',
+           'readme_rows', 'readme_table', 'update_readme', 'README_MARK', 'check_results',
+           'ZooError']
+
+#: metafile metric -> (results metric key, scale to the metafile's unit, summary statistic)
+METRICS: Dict[str, Tuple[str, float, str]] = {
+    'box AP': ('coco/bbox_mAP', 100., 'P_clean'),
+    'mask AP': ('coco/segm_mAP', 100., 'P_clean'),
+    'box mPC': ('coco/bbox_mAP', 100., 'mPC'),
+    'box rPC': ('coco/bbox_mAP', 100., 'rPC'),
+    'mask mPC': ('coco/segm_mAP', 100., 'mPC'),
+    'mIoU': ('mIoU', 1., 'P_clean'),
+    'mIoU mPC': ('mIoU', 1., 'mPC'),
+    'mIoU rPC': ('mIoU', 1., 'rPC'),
+}
+DATASETS = ('COCO', 'COCO-C', 'Cityscapes', 'Cityscapes-C', 'ADE20K')
+TASKS_OF_DATA = {'COCO': 'Object Detection', 'Cityscapes': 'Semantic Segmentation',
+                 'ADE20K': 'Semantic Segmentation'}
+REQUIRED_METADATA = ('Training Data', 'Parameters', 'Trainable Parameters', 'FLOPs',
+                     'FLOPs Input')
+
+
+class ZooError(ValueError):
+    """A metafile entry that is malformed or points at nothing."""
+
+
+@dataclass
+class ZooEntry:
+    """One ``Models`` entry of a metafile."""
+    name: str
+    collection: str
+    config: str  # relative to the repository root, as in the metafile
+    metadata: Dict
+    results: List[Dict] = field(default_factory=list)
+    metafile: str = ''
+
+    @property
+    def params(self) -> int:
+        return int(self.metadata['Parameters'])
+
+    @property
+    def flops(self) -> int:
+        return int(self.metadata['FLOPs'])
+
+    @property
+    def input_size(self) -> Tuple[int, int]:
+        """(width, height) of the FLOPs measurement."""
+        w, h = str(self.metadata['FLOPs Input']).lower().split('x')
+        return int(w), int(h)
+
+    @property
+    def task(self) -> str:
+        """The task of the published results, else the one its training data implies."""
+        if self.results:
+            return self.results[0]['Task']
+        return TASKS_OF_DATA.get(self.metadata['Training Data'], 'Image Tokenization')
+
+    @property
+    def folder(self) -> str:
+        """The config folder (``fan``, ``drvit``, ...)."""
+        return osp.basename(osp.dirname(self.config))
+
+    def published(self) -> List[Tuple[str, str, float]]:
+        """(dataset, metric, value) of every published number."""
+        return [(r['Dataset'], metric, float(value)) for r in self.results
+                for metric, value in r['Metrics'].items()]
+
+
+def zoo_folders(repo: str) -> List[str]:
+    """The config folders that hold a metafile."""
+    return sorted(osp.dirname(p) for p in glob.glob(osp.join(repo, 'configs', '*',
+                                                              'metafile.yml')))
+
+
+def _check_entry(entry: ZooEntry, collections: Sequence[str], repo: str) -> None:
+    where = f'{entry.metafile}: {entry.name}'
+    if entry.collection not in collections:
+        raise ZooError(f'{where}: In Collection {entry.collection!r} is not one of the '
+                       f'Collections {list(collections)}')
+    if not osp.isfile(osp.join(repo, entry.config)):
+        raise ZooError(f'{where}: Config {entry.config} does not exist')
+    missing = [k for k in REQUIRED_METADATA if k not in entry.metadata]
+    if missing:
+        raise ZooError(f'{where}: Metadata lacks {missing}')
+    for result in entry.results:
+        if set(result) - {'Task', 'Dataset', 'Metrics'} or 'Metrics' not in result:
+            raise ZooError(f'{where}: a Results item has Task, Dataset and Metrics only, got '
+                           f'{sorted(result)}')
+        if result.get('Dataset') not in DATASETS:
+            raise ZooError(f'{where}: Dataset {result.get("Dataset")!r} is not one of '
+                           f'{DATASETS}')
+        unknown = set(result['Metrics']) - set(METRICS)
+        if unknown:
+            raise ZooError(f'{where}: unknown metrics {sorted(unknown)}; known: '
+                           f'{sorted(METRICS)}')
+
+
+def load_zoo(repo: str) -> List[ZooEntry]:
+    """Every entry of every ``configs/*/metafile.yml``, checked for form and for its config."""
+    import yaml
+    entries: List[ZooEntry] = []
+    for folder in zoo_folders(repo):
+        path = osp.join(folder, 'metafile.yml')
+        rel = osp.relpath(path, repo)
+        with open(path) as f:
+            data = yaml.safe_load(f)
+        collections = [c['Name'] for c in data.get('Collections', [])]
+        for model in data.get('Models', []):
+            try:
+                entry = ZooEntry(model['Name'], model['In Collection'], model['Config'],
+                                 dict(model.get('Metadata') or {}),
+                                 list(model.get('Results') or []), rel)
+            except KeyError as err:
+                raise ZooError(f'{rel}: a model entry lacks {err} ({model.get("Name")})') from None
+            _check_entry(entry, collections, repo)
+            entries.append(entry)
+    names = [e.name for e in entries]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ZooError(f'model names appear more than once in the metafiles: {twice}')
+    return entries
+
+
+# -- measuring ------------------------------------------------------------------------------------
+
+def build_zoo_model(config: str) -> torch.nn.Module:
+    """A config's model as built by the Runner, without loading any pretrained weights (the
+    parameter count is the architecture's; nothing is downloaded or read)."""
+    from mmengine.config import Config
+    from mmengine.registry import MODELS, init_default_scope
+
+    import mmrobust  # noqa: F401
+    cfg = Config.fromfile(config)
+    init_default_scope(cfg.default_scope)
+    return MODELS.build(cfg.model)
+
+
+def count_parameters(model: torch.nn.Module) -> Tuple[int, int]:
+    """(all, trainable) parameters; Dr-ViT's frozen tokenizer and FAN's frozen class-token
+    path count in the first only."""
+    return (sum(p.numel() for p in model.parameters()),
+            sum(p.numel() for p in model.parameters() if p.requires_grad))
+
+
+def measure_flops(config: str, size: Tuple[int, int]) -> int:
+    """FLOPs of one test-mode forward of a ``width x height`` image through a config's whole
+    network (``model._forward``: backbone, neck and heads; a two-stage detector's RoI heads on
+    the RPN's proposals), counted as the project's benchmarks count
+    (:func:`mmrobust.utils.flops.count_flops`).
+
+    The model keeps the initialisation of its constructors, from a fixed seed, so a two-stage
+    detector's proposals, and with them the RoI heads' share, are the same in every run on one
+    machine; no pretrained weights are read.
+    """
+    from ..utils.flops import count_flops
+    width, height = size
+    torch.manual_seed(0)
+    model = build_zoo_model(config).eval()
+    if hasattr(model, 'tokenizer') and not hasattr(model, 'backbone'):
+        # a tokenizer's recipe (VQTokenizerTrainer): one encode-quantise-decode round trip
+        image = torch.rand(1, 3, height, width)
+        return count_flops(lambda: model.tokenizer.reconstruct(image))
+    meta = dict(img_shape=(height, width), ori_shape=(height, width),
+                pad_shape=(height, width), batch_input_shape=(height, width),
+                scale_factor=(1., 1.))
+    if hasattr(model, 'decode_head'):
+        from mmseg.structures import SegDataSample
+        sample = SegDataSample(metainfo=meta)
+    else:
+        from mmdet.structures import DetDataSample
+        sample = DetDataSample(metainfo=meta)
+    inputs = torch.randn(1, 3, height, width)
+    return count_flops(lambda: model._forward(inputs, [sample]))
+
+
+def update_metadata(metafile: str, name: str, values: Mapping[str, int]) -> None:
+    """Rewrite ``Metadata`` integers (``Parameters``, ``FLOPs``, ...) of one entry of a
+    metafile in place, atomically, leaving every other line (comments, order) as it is."""
+    from ..utils.io import atomic_bytes
+    with open(metafile) as f:
+        lines = f.read().split('\n')
+    start = next((i for i, line in enumerate(lines)
+                  if re.fullmatch(rf'\s*- Name: {re.escape(name)}\s*', line)), None)
+    if start is None:
+        raise ZooError(f'{metafile}: no entry named {name}')
+    end = next((i for i in range(start + 1, len(lines))
+                if re.match(r'\s*- Name: ', lines[i])), len(lines))
+    todo = dict(values)
+    for i in range(start, end):
+        m = re.fullmatch(r'(\s*)([A-Za-z ]+): (\d+)\s*', lines[i])
+        if m and m[2] in todo:
+            lines[i] = f'{m[1]}{m[2]}: {int(todo.pop(m[2]))}'
+    if todo:
+        raise ZooError(f'{metafile}: {name} has no Metadata lines for {sorted(todo)}')
+    atomic_bytes(metafile, '\n'.join(lines).encode())
+
+
+# -- reporting ------------------------------------------------------------------------------------
+
+def _fmt_count(n: float, unit: str) -> str:
+    return f'{n / 1e6:.2f}M' if unit == 'params' else f'{n / 1e9:.1f}G'
+
+
+def select(entries: Sequence[ZooEntry], task: str = '', family: str = '') -> List[ZooEntry]:
+    """The entries whose task and family (config folder, collection or one of its
+    ``Training Techniques``, e.g. DAT) contain the given words, case-insensitively."""
+    def has(text: str, word: str) -> bool:
+        return word.lower() in text.lower()
+    return [e for e in entries if has(e.task, task) and any(
+        has(f, family) for f in (e.folder, e.collection,
+                                 *e.metadata.get('Training Techniques', ())))]
+
+
+def zoo_table(entries: Sequence[ZooEntry]) -> str:
+    """Markdown: every entry with its size, cost and published numbers."""
+    lines = ['| model | params | FLOPs (input) | published (paper) | config |',
+             '|---|---|---|---|---|']
+    for e in entries:
+        published = '; '.join(f'{d} {m} {v:g}' for d, m, v in e.published()) or '—'
+        lines.append(f'| {e.name} | {_fmt_count(e.params, "params")} | '
+                     f'{_fmt_count(e.flops, "flops")} ({e.metadata["FLOPs Input"]}) | '
+                     f'{published} | {e.config} |')
+    return '\n'.join(lines)
+
+
+def readme_rows(entries: Sequence[ZooEntry]) -> List[str]:
+    """The Markdown table of a config folder's README.md: one row per entry, with links
+    relative to the folder (the README's rows are these lines, checked by the tests)."""
+    lines = ['| model | params (trainable) | FLOPs (input) | published, not reproduced here '
+             '| config |', '|---|---|---|---|---|']
+    for e in entries:
+        trainable = int(e.metadata['Trainable Parameters'])
+        params = _fmt_count(e.params, 'params')
+        if trainable != e.params:
+            params += f' ({_fmt_count(trainable, "params")})'
+        published = '<br>'.join(f'{d} {m} {v:g}' for d, m, v in e.published()) or '—'
+        config = osp.basename(e.config)
+        lines.append(f'| {e.name} | {params} | {_fmt_count(e.flops, "flops")} '
+                     f'({e.metadata["FLOPs Input"]}) | {published} | [config](./{config}) |')
+    return lines
+
+
+#: the line above a config folder README's table (the table ends at the first blank line)
+README_MARK = '<!-- model zoo table: python tools/analysis_tools/model_zoo.py --readme {} -->'
+
+
+def _table_span(lines: List[str], folder: str) -> Tuple[int, int]:
+    mark = README_MARK.format(folder)
+    if mark not in lines:
+        raise ZooError(f'configs/{folder}/README.md has no line {mark!r} above its table')
+    start = lines.index(mark) + 1
+    end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
+    return start, end
+
+
+def readme_table(readme: str, folder: str) -> List[str]:
+    """The table lines under :data:`README_MARK` in a folder's README text."""
+    lines = readme.split('\n')
+    start, end = _table_span(lines, folder)
+    return lines[start:end]
+
+
+def update_readme(path: str, folder: str, rows: Sequence[str]) -> None:
+    """Replace the table under :data:`README_MARK` of a folder's README, atomically."""
+    from ..utils.io import atomic_bytes
+    with open(path) as f:
+        lines = f.read().split('\n')
+    start, end = _table_span(lines, folder)
+    lines[start:end] = list(rows)  # `end` is the blank line after the table, kept
+    atomic_bytes(path, '\n'.join(lines).encode())
+
+
+def _entry_for(results: Mapping, entries: Sequence[ZooEntry]) -> ZooEntry:
+    config = str(results.get('config') or '')
+    name = osp.splitext(osp.basename(config))[0]
+    for e in entries:
+        if osp.splitext(osp.basename(e.config))[0] == name:
+            return e
+    raise ZooError(f'the results were computed with config {config or "(none recorded)"}, '
+                   'which has no model-zoo entry; `python tools/analysis_tools/model_zoo.py` '
+                   'lists the configs that have one.')
+
+
+def check_results(results: Mapping, entries: Sequence[ZooEntry]) -> Tuple[ZooEntry, List[str]]:
+    """Lines comparing a ``test_robustness.py`` results dict with the published numbers of its
+    config's zoo entry (``P_clean 41.9 vs published 42.0``)."""
+    from ..evaluation.report import summarize
+    entry = _entry_for(results, entries)
+    summary = summarize(results)['metrics']
+    protocol = entry.metadata.get('Robustness Protocol')
+    lines = []
+    for dataset, metric, value in entry.published():
+        key, scale, stat = METRICS[metric]
+        m = next((v for k, v in summary.items() if k == key or k.endswith('/' + key)), None)
+        corrupted = dataset.endswith('-C')
+        if not corrupted and stat != 'P_clean':
+            continue
+        if m is None:
+            lines.append(f'{dataset} {metric}: not in the results (metrics: '
+                         f'{", ".join(summary) or "none"}) vs published {value:g}')
+            continue
+        got = m[stat] * (100. if stat == 'rPC' else scale)
+        note = ''
+        if corrupted and protocol and results.get('protocol') != protocol:
+            note = (f' (published on protocol {protocol}, these results are '
+                    f'{results.get("protocol")}: not comparable)')
+        lines.append(f'{dataset} {metric}: {stat} {got:.1f} vs published {value:g}{note}')
+    if not lines:
+        lines.append(f'{entry.name} has no published numbers to compare with')
+    return entry, lines
