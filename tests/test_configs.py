@@ -7,6 +7,7 @@ training and a test batch through the model.
 """
 import copy
 import os.path as osp
+import re
 
 import pytest
 import torch
@@ -53,9 +54,50 @@ def test_there_are_toy_configs_for_both_tasks():
     assert {Config.fromfile(p).default_scope for p in toy} == {'mmdet', 'mmseg'}
 
 
+def _weight_paths(node) -> list:
+    """Every pretrained file a config's model, hooks and `load_from` name."""
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in (
+            [v] if k in ('checkpoint', 'load_from', 'pretrained') and isinstance(v, str)
+            else _weight_paths(v))]
+    if isinstance(node, (list, tuple)):
+        return [p for v in node for p in _weight_paths(v)]
+    return []
+
+
+def _readme_weight_table() -> dict:
+    """The README's table of where each config's weights come from: file -> row."""
+    text = (REPO / 'README.md').read_text()
+    section = text.split("### Where each config's weights come from", 1)[1].split('\n#', 1)[0]
+    table = {}
+    for row in (line for line in section.splitlines() if line.startswith('| `')):
+        for name in re.findall(r'`([^`]+)`', row.split(' | ')[0]):
+            # `a_{x,y}.pth` names a_x.pth and a_y.pth
+            m = re.fullmatch(r'(.*)\{([^}]*)\}(.*)', name)
+            for alt in m[2].split(',') if m else ['']:
+                table[f'{m[1]}{alt}{m[3]}' if m else name] = row
+    return table
+
+
+WEIGHTS = _readme_weight_table()
+
+
+def test_weight_table_commands_exist():
+    rows = set(WEIGHTS.values())
+    assert len(rows) >= 8
+    for row in rows:
+        for tool in re.findall(r'python (tools/\S+\.py)', row):
+            assert (REPO / tool).is_file(), f'README weight table names {tool}'
+
+
 @pytest.mark.parametrize('path', ALL_CONFIGS, ids=config_id)
 def test_config_builds(path, toy_data, in_repo):
     cfg = Config.fromfile(path)
+    # every file it loads is a local path with a way to make it (the README's table)
+    for weights in _weight_paths({k: cfg.get(k) for k in ('model', 'custom_hooks', 'load_from')}):
+        assert '://' not in weights, f'{weights}: a download at run time; take a local path'
+        assert weights in WEIGHTS, (f'{weights} has no row in the README table "Where each '
+                                    "config's weights come from\"")
     scope = config_scope(cfg)
     assert cfg.custom_imports.imports == ['mmrobust']
     check_custom_imports(cfg)

@@ -145,6 +145,19 @@ def test_loads_timm_vit_strictly_with_position_resampling(tmp_path):
         _build('small', init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'tiny.pth')))
 
 
+def test_converter_reports_what_a_deit_checkpoint_leaves_out():
+    from mmrobust.apis.convert import convert_checkpoint
+    state = _timm_vit_state(192, grid=14)
+    state.update({'head.weight': torch.randn(1000, 192), 'head.bias': torch.randn(1000)})
+    conv = convert_checkpoint('drvit', {'model': state}, arch='tiny')
+    assert set(conv.dropped) == {'head.weight', 'head.bias', 'patch_embed.proj.weight',
+                                 'patch_embed.proj.bias'}
+    assert 'classifier' in conv.dropped['head.weight']
+    assert "token_mode='discrete'" in conv.dropped['patch_embed.proj.weight']
+    assert torch.equal(conv.model.blocks[11].mlp.fc2.weight, state['blocks.11.mlp.fc2.weight'])
+    assert any(k.startswith('pyramid.') for k in conv.new)
+
+
 def test_configuration_errors():
     with pytest.raises(ValueError, match='needs a tokenizer'):
         DrViT('small')

@@ -324,13 +324,15 @@ def test_upstream_hybrid_key_layout_loads(arch, out_type):
         model = FANHybrid(arch, out_type=out_type)
     keys = _keys(CLS_KEY_FILES[arch])
     state = {k: torch.empty(shape, device='meta') for k, shape, _ in keys}
-    converted = fan_module.checkpoint_filter_fn({'state_dict': state}, model)
+    reported = {}
+    converted = fan_module.checkpoint_filter_fn({'state_dict': state}, model, reported)
     allowed = ('learnable_downsample.',) if out_type == 'det' else ()
     load_state_dict_strict(model, converted, allowed)
     own = model.state_dict()
     dropped = set(state) - set(converted)
     assert dropped == (set() if out_type == 'cls' else {'head.weight', 'head.bias',
                                                         'norm.weight', 'norm.bias'})
+    assert set(reported) == dropped and all('classifier' in r for r in reported.values())
     assert set(own) - set(converted) == ({'learnable_downsample.weight',
                                           'learnable_downsample.bias'} if out_type == 'det'
                                          else set())
@@ -353,8 +355,14 @@ def test_upstream_swin_layout_loads_and_drops_buffers():
     load_state_dict_strict(model, converted)
     assert not any(k.endswith(('attn_mask', 'relative_position_index')) for k in converted)
     dense = FANSwin('tiny')
-    load_state_dict_strict(dense, fan_swin_module.checkpoint_filter_fn(state, dense),
+    reported = {}
+    load_state_dict_strict(dense, fan_swin_module.checkpoint_filter_fn(state, dense, reported),
                            allowed_missing=('norm0.', 'norm1.', 'norm2.', 'norm3.'))
+    buffers = {k for k in state if k.endswith(('attn_mask', 'relative_position_index'))}
+    assert buffers and set(reported) == buffers | {'head.weight', 'head.bias', 'norm.weight',
+                                                   'norm.bias'}
+    assert {reported[k] for k in buffers} == {
+        'shift mask / position index, recomputed for the actual input'}
 
 
 def test_pretrained_init_cfg_loads_wrapped_module_prefixed_checkpoint(tmp_path):

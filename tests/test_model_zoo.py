@@ -4,9 +4,14 @@ tools/analysis_tools/model_zoo.py.
 The parameter count of every entry whose config is a model config is checked where the config
 is built anyway (tests/test_configs.py); the tokenizer recipes are built here.
 """
+import contextlib
+import io
 import json
 import os.path as osp
+import runpy
 import shutil
+import sys
+from unittest import mock
 
 import pytest
 import yaml
@@ -27,7 +32,7 @@ from mmrobust.apis.model_zoo import (
     update_readme,
 )
 
-from conftest import ALL_CONFIGS, REPO, run_tool
+from conftest import ALL_CONFIGS, REPO
 
 ZOO_FOLDERS = ('fan', 'drvit', 'efficientdet', 'yolo', 'tokenizers')
 ENTRIES = load_zoo(str(REPO))
@@ -214,18 +219,32 @@ def test_results_are_checked_against_the_published_target(tmp_path):
 
     path = tmp_path / 'robustness.json'
     path.write_text(json.dumps(_results(config, .419, .30, 'fan_coco_c')))
-    proc = run_tool('analysis_tools/model_zoo.py', '--check', path)
-    assert 'COCO box AP: P_clean 41.9 vs published 53.3' in proc.stdout
+    status, out, _ = _zoo_tool('--check', path)
+    assert status == 0 and 'COCO box AP: P_clean 41.9 vs published 53.3' in out
+
+
+def _zoo_tool(*args):
+    """tools/analysis_tools/model_zoo.py run in this process (a subprocess would spend ~5 s
+    importing mmdet; the tools' start-up is tested in test_tools.py): status, stdout, stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with mock.patch.object(sys, 'argv', ['model_zoo.py', *map(str, args)]), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(REPO / 'tools' / 'analysis_tools' / 'model_zoo.py'),
+                       run_name='__main__')
+    return exit_.value.code, out.getvalue(), err.getvalue()
 
 
 def test_tool_prints_and_filters_the_zoo():
-    proc = run_tool('analysis_tools/model_zoo.py')
-    rows = [line for line in proc.stdout.splitlines() if line.startswith('| ')][1:]
-    assert len(rows) == len(ENTRIES)
+    status, out, _ = _zoo_tool()
+    rows = [line for line in out.splitlines() if line.startswith('| ')][1:]
+    assert status == 0 and len(rows) == len(ENTRIES)
     assert any('COCO-C box mPC 38.7' in r and 'cascade-mask-rcnn_fan-s-hybrid' in r for r in rows)
-    proc = run_tool('analysis_tools/model_zoo.py', '--task', 'detection', '--family', 'drvit')
-    rows = [line for line in proc.stdout.splitlines() if line.startswith('| ')][1:]
+    _, out, _ = _zoo_tool('--task', 'detection', '--family', 'drvit')
+    rows = [line for line in out.splitlines() if line.startswith('| ')][1:]
     assert sorted(r.split(' | ')[0][2:] for r in rows) == [
         f'mask-rcnn_drvit-{v}_fpn_1x_coco' for v in ('b', 's', 'ti')]
-    proc = run_tool('analysis_tools/model_zoo.py', '--family', 'nothing', check=False)
-    assert proc.returncode == 2 and 'no model-zoo entry matches' in proc.stderr
+    status, _, err = _zoo_tool('--family', 'nothing')
+    assert status == 2 and 'no model-zoo entry matches' in err
+    status, out, _ = _zoo_tool('--readme', 'yolo')
+    assert status == 0 and out.splitlines() == readme_rows(select(ENTRIES, family='yolo'))

@@ -10,12 +10,14 @@ from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple,
 import torch
 import torch.nn as nn
 from mmengine.logging import MMLogger
+from mmengine.model.weight_init import update_init_info
+from mmengine.registry import WEIGHT_INITIALIZERS
 from mmengine.runner.checkpoint import CheckpointLoader
 from torch.nn.modules.batchnorm import _BatchNorm
 
 __all__ = ['CheckpointMismatchError', 'unwrap_state_dict', 'state_dict_mismatch',
-           'mismatch_message', 'load_state_dict_strict',
-           'load_pretrained', 'resolve_arch', 'init_trunc_normal_']
+           'mismatch_message', 'load_state_dict_strict', 'dropped_summary',
+           'load_pretrained', 'StrictPretrainedInit', 'resolve_arch', 'init_trunc_normal_']
 
 _WRAPPERS = ('state_dict', 'model', 'state_dict_ema', 'model_ema')
 
@@ -101,11 +103,25 @@ def load_state_dict_strict(model: nn.Module, state_dict: Dict[str, torch.Tensor]
     model.load_state_dict(state_dict, strict=False)  # NOTE: allowed missing keys are the only gap
 
 
+def dropped_summary(dropped: Mapping[str, str], limit: int = 12) -> str:
+    """``dropped`` (checkpoint key -> reason) as one line per reason, e.g.
+    ``dropped 2 keys: head.bias, head.weight (ImageNet classifier ...)``; '' when empty."""
+    by_reason: Dict[str, list] = {}
+    for key, reason in dropped.items():
+        by_reason.setdefault(reason, []).append(key)
+    return '\n'.join(f'dropped {len(keys)} key{"s" if len(keys) > 1 else ""}: '
+                     f'{_list(keys, limit)} ({reason})' for reason, keys in by_reason.items())
+
+
 def load_pretrained(model: nn.Module, checkpoint: str,
-                    filter_fn: Callable[[Dict, nn.Module], Dict],
+                    filter_fn: Callable[[Dict, nn.Module, Dict[str, str]], Dict],
                     allowed_missing: Iterable[str] = (),
                     logger: Optional[MMLogger] = None) -> None:
-    """Load a (foreign) checkpoint file through `filter_fn` and :func:`load_state_dict_strict`."""
+    """Load a (foreign) checkpoint file through `filter_fn` and :func:`load_state_dict_strict`.
+
+    ``filter_fn(checkpoint, model, dropped)`` converts the file's content and records every key
+    it leaves out in ``dropped`` (key -> reason); those are logged with the loaded count.
+    """
     if '://' not in checkpoint and not osp.isfile(osp.expanduser(checkpoint)):
         raise FileNotFoundError(
             f'{type(model).__name__}: pretrained checkpoint {checkpoint!r} not found (resolved '
@@ -113,11 +129,13 @@ def load_pretrained(model: nn.Module, checkpoint: str,
             '(e.g. from the official release), point init_cfg.checkpoint at it, or train from '
             'scratch with `--cfg-options model.backbone.init_cfg=None`.')
     raw = CheckpointLoader.load_checkpoint(checkpoint, map_location='cpu')
-    state = filter_fn(raw, model)
+    dropped: Dict[str, str] = {}
+    state = filter_fn(raw, model, dropped)
     load_state_dict_strict(model, state, allowed_missing, source=f'checkpoint {checkpoint}')
     (logger or MMLogger.get_current_instance()).info(
         f'{type(model).__name__}: loaded all {len(state)} tensors from {checkpoint}'
-        + (f' (newly initialised: {", ".join(allowed_missing)})' if allowed_missing else ''))
+        + (f' (newly initialised: {", ".join(allowed_missing)})' if allowed_missing else '')
+        + (f'\n{dropped_summary(dropped)}' if dropped else ''))
 
 
 def resolve_arch(arch: Union[str, Mapping], zoo: Mapping[str, Mapping], family: str,
@@ -167,3 +185,40 @@ def init_trunc_normal_(root: nn.Module, layers: Tuple[Type[nn.Module], ...] = (n
             if isinstance(module, kind):
                 for name in names:
                     nn.init.trunc_normal_(getattr(module, name), std=std)
+
+
+@WEIGHT_INITIALIZERS.register_module(name='StrictPretrained')
+class StrictPretrainedInit:
+    """mmengine's ``Pretrained`` initialisation, strictly, for backbones that mmdet / mmpretrain
+    define (Darknet-53, EfficientNet-B0, ResNet): their released checkpoints load unchanged, and
+    a missing, unexpected or mis-shaped key is an error that lists them, where mmengine's own
+    ``Pretrained`` loads what matches and only warns.
+
+    ``init_cfg=dict(type='StrictPretrained', checkpoint=PATH, prefix='backbone')``: with
+    ``prefix``, only that part of a whole-model checkpoint (e.g. an mmpretrain classifier's
+    ``backbone.``) is loaded; the rest is reported as dropped in the log.
+    """
+
+    def __init__(self, checkpoint: str, prefix: Optional[str] = None) -> None:
+        self.checkpoint = checkpoint
+        self.prefix = prefix
+
+    def _filter(self, raw: dict, model: nn.Module, dropped: Dict[str, str]) -> Dict:
+        state = unwrap_state_dict(raw)
+        if not self.prefix:
+            return state
+        head = self.prefix.rstrip('.') + '.'
+        for key in [k for k in state if not k.startswith(head)]:
+            dropped[key] = f'outside `{head}` (init_cfg prefix)'
+        return {k[len(head):]: v for k, v in state.items() if k.startswith(head)}
+
+    def __call__(self, module: nn.Module) -> None:
+        load_pretrained(module, self.checkpoint, self._filter)
+        # NOTE: mmengine applies an init_cfg of any type but its own `Pretrained` before the
+        # children's init_weights(), which would re-initialise what was just loaded (ConvModule
+        # draws Kaiming weights). The load was strict, so every tensor is the checkpoint's: the
+        # children are marked initialised, and BaseModule.init_weights skips them.
+        for child in module.children():
+            child.is_init = True
+        if hasattr(module, '_params_init_info'):  # mmengine's record of who set each tensor
+            update_init_info(module, init_info=f'StrictPretrained: {self.checkpoint}')

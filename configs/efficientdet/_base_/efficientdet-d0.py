@@ -20,8 +20,9 @@ model = dict(
         frozen_stages=0,
         norm_cfg=norm_cfg,
         norm_eval=False,
-        # ImageNet EfficientNet-B0 (mmpretrain's efficientnet-b0_3rdparty_8xb32-aa-advprop_in1k)
-        init_cfg=dict(type='Pretrained', prefix='backbone',
+        # ImageNet EfficientNet-B0 (mmpretrain's efficientnet-b0_3rdparty_8xb32-aa-advprop_in1k,
+        # whose `backbone.` keys are mmdet's EfficientNet's), loaded strictly
+        init_cfg=dict(type='StrictPretrained', prefix='backbone',
                       checkpoint='checkpoints/efficientnet-b0_in1k.pth')),
     neck=dict(type='BiFPN', in_channels=[40, 112, 320], out_channels=64, num_layers=3,
               num_outs=5, norm_cfg=norm_cfg, act_cfg=act_cfg),

@@ -12,8 +12,9 @@ model = dict(
         frozen_stages=0,
         norm_cfg={{_base_.norm_cfg}},
         norm_eval=False,
-        # ImageNet EfficientNet-Lite0 converted to mmdet's EfficientNet key layout
-        init_cfg=dict(type='Pretrained', prefix='backbone',
-                      checkpoint='checkpoints/efficientnet-lite0_in1k.pth')),
+        # ImageNet EfficientNet-Lite0, loaded strictly: timm's tf_efficientnet_lite0 weights
+        # as they are, or the output of tools/model_converters/convert_backbone.py --family
+        # efficientnet-lite (TF / TF-Keras releases); see ../README.md
+        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/efficientnet-lite0_in1k.pth')),
     neck=dict(act_cfg=act_cfg),
     bbox_head=dict(act_cfg=act_cfg))

@@ -65,7 +65,9 @@ class DenseBackbone(BaseModule):
     def _init_from_scratch(self) -> None:
         raise NotImplementedError
 
-    def convert_checkpoint(self, checkpoint: dict) -> Dict[str, torch.Tensor]:
+    def convert_checkpoint(self, checkpoint: dict, dropped: Optional[Dict[str, str]] = None
+                           ) -> Dict[str, torch.Tensor]:
+        """The family's checkpoint filter; keys it leaves out go to `dropped` with the reason."""
         raise NotImplementedError
 
     def newly_added(self) -> Tuple[str, ...]:
@@ -93,7 +95,8 @@ class DenseBackbone(BaseModule):
         if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
             self._init_from_scratch()  # NOTE: initialises the layers the checkpoint lacks
             load_pretrained(self, self.init_cfg['checkpoint'],
-                            lambda ckpt, model: model.convert_checkpoint(ckpt), self.newly_added())
+                            lambda ckpt, model, dropped: model.convert_checkpoint(ckpt, dropped),
+                            self.newly_added())
         elif self.init_cfg is not None:
             super().init_weights()
         else:

@@ -237,8 +237,9 @@ class DrViT(DenseBackbone):
             nn.init.zeros_(self.code_delta)
             self.tokenizer.init_weights()  # NOTE: loads the tokenizer's own init_cfg checkpoint
 
-    def convert_checkpoint(self, checkpoint: dict) -> Dict[str, torch.Tensor]:
-        state = checkpoint_filter_fn(checkpoint, self)
+    def convert_checkpoint(self, checkpoint: dict, dropped: Optional[Dict[str, str]] = None
+                           ) -> Dict[str, torch.Tensor]:
+        state = checkpoint_filter_fn(checkpoint, self, dropped)
         if self.tokenizer is not None:  # the tokenizer keeps its own (already loaded) weights
             state.update({f'tokenizer.{k}': v for k, v in self.tokenizer.state_dict().items()})
         return state
@@ -316,14 +317,16 @@ class DrViT(DenseBackbone):
 _CLASSIFIER_KEYS = ('head.', 'head_dist.', 'dist_token', 'fc_norm.', 'pre_logits.')
 
 
-def checkpoint_filter_fn(checkpoint: dict, model: DrViT) -> Dict[str, torch.Tensor]:
+def checkpoint_filter_fn(checkpoint: dict, model: DrViT,
+                         dropped: Optional[Dict[str, str]] = None) -> Dict[str, torch.Tensor]:
     """A timm / DeiT ViT checkpoint as Dr-ViT transformer weights.
 
     Keeps ``cls_token``, ``pos_embed`` (resampled bicubically to the model's pretraining grid),
     ``blocks.*`` and ``norm.*``; the plain patch embedding becomes the pixel embedding only in
     ``pixel`` mode (other modes have a narrower pixel embedding). Classifier heads and the
-    distillation token are dropped.
+    distillation token are dropped (into `dropped`, key -> reason, when it is given).
     """
+    dropped = {} if dropped is None else dropped
     state = unwrap_state_dict(checkpoint)
     if 'blocks.0.attn.qkv.weight' not in state:
         raise CheckpointMismatchError(
@@ -332,10 +335,14 @@ def checkpoint_filter_fn(checkpoint: dict, model: DrViT) -> Dict[str, torch.Tens
     out = {}
     for key, value in state.items():
         if key.startswith(_CLASSIFIER_KEYS):
+            dropped[key] = 'ImageNet classifier / distillation token (a dense backbone has none)'
             continue
         if key.startswith('patch_embed.proj.'):
             if model.token_mode == 'pixel':
                 out['pixel_embed.' + key[len('patch_embed.proj.'):]] = value
+            else:
+                dropped[key] = (f'RGB patch embedding: token_mode={model.token_mode!r} embeds '
+                                'codes (and a narrower pixel embedding, trained from scratch)')
             continue
         if key == 'pos_embed':
             extra = 2 if 'dist_token' in state else 1

@@ -287,8 +287,9 @@ class FANHybrid(DenseBackbone):
     def newly_added(self) -> Tuple[str, ...]:
         return ('learnable_downsample.',) if self.out_type == 'det' else ()
 
-    def convert_checkpoint(self, checkpoint: dict) -> Dict[str, torch.Tensor]:
-        return checkpoint_filter_fn(checkpoint, self)
+    def convert_checkpoint(self, checkpoint: dict, dropped: Optional[Dict[str, str]] = None
+                           ) -> Dict[str, torch.Tensor]:
+        return checkpoint_filter_fn(checkpoint, self, dropped)
 
     def _init_from_scratch(self) -> None:
         nn.init.trunc_normal_(self.cls_token, std=.02)
@@ -341,15 +342,20 @@ class FANHybrid(DenseBackbone):
 _CLS_ONLY = ('head.', 'norm.')
 
 
-def checkpoint_filter_fn(checkpoint: dict, model: FANHybrid) -> Dict[str, torch.Tensor]:
+def checkpoint_filter_fn(checkpoint: dict, model: FANHybrid,
+                         dropped: Optional[Dict[str, str]] = None) -> Dict[str, torch.Tensor]:
     """Convert an upstream FAN-Hybrid checkpoint (classification or dense) for `model`.
 
     Handles `state_dict` / `model` / `state_dict_ema` wrappers, DDP `module.` and detector
     `backbone.` prefixes, and drops the classification-only `head.*` / `norm.*` for dense models.
     Upstream's keys equal mmrobust's otherwise; the Fourier position encoding has no table, so a
-    checkpoint trained at another resolution (e.g. in22k 384) loads unchanged.
+    checkpoint trained at another resolution (e.g. in22k 384) loads unchanged. Dropped keys go
+    to `dropped` (key -> reason) when it is given.
     """
     state = unwrap_state_dict(checkpoint, strip_prefixes=('module.', 'backbone.'))
     if model.out_type != 'cls':
-        state = {k: v for k, v in state.items() if not k.startswith(_CLS_ONLY)}
+        for k in [k for k in state if k.startswith(_CLS_ONLY)]:
+            del state[k]
+            if dropped is not None:
+                dropped[k] = 'ImageNet classifier head / final norm (a dense backbone has none)'
     return state

@@ -238,8 +238,9 @@ class FANSwin(DenseBackbone):
         # NOTE: the per-output norms are not in classification checkpoints
         return tuple(f'norm{i}.' for i in self.out_indices) if self.out_type == 'dense' else ()
 
-    def convert_checkpoint(self, checkpoint: dict) -> Dict[str, torch.Tensor]:
-        return checkpoint_filter_fn(checkpoint, self)
+    def convert_checkpoint(self, checkpoint: dict, dropped: Optional[Dict[str, str]] = None
+                           ) -> Dict[str, torch.Tensor]:
+        return checkpoint_filter_fn(checkpoint, self, dropped)
 
     def _init_from_scratch(self) -> None:
         init_trunc_normal_(self, extra={WindowAttention: ('relative_position_bias_table', )})
@@ -279,21 +280,25 @@ def _resample_bias_table(table: torch.Tensor, size: int) -> torch.Tensor:
     return grid.reshape(-1, size * size).T.contiguous()
 
 
-def checkpoint_filter_fn(checkpoint: dict, model: FANSwin) -> Dict[str, torch.Tensor]:
+def checkpoint_filter_fn(checkpoint: dict, model: FANSwin,
+                         dropped: Optional[Dict[str, str]] = None) -> Dict[str, torch.Tensor]:
     """Convert an upstream FAN-Swin checkpoint for `model`.
 
     Unwraps `state_dict` / `model` / `state_dict_ema`, strips `module.` / `backbone.`, drops the
     shift masks and relative position indices (recomputed for the actual input), drops
     `head.*` / `norm.*` for the dense backbone, and resamples relative position bias tables
-    trained with another window size.
+    trained with another window size. Dropped keys go to `dropped` (key -> reason) when given.
     """
+    dropped = {} if dropped is None else dropped
     state = unwrap_state_dict(checkpoint, strip_prefixes=('module.', 'backbone.'))
     own = model.state_dict()
     out = {}
     for k, v in state.items():
         if k.rsplit('.', 1)[-1] in _BUFFERS:
+            dropped[k] = 'shift mask / position index, recomputed for the actual input'
             continue
         if model.out_type != 'cls' and k.startswith(_CLS_ONLY):
+            dropped[k] = 'ImageNet classifier head / final norm (a dense backbone has none)'
             continue
         if k.endswith('relative_position_bias_table') and k in own and v.shape != own[k].shape:
             v = _resample_bias_table(v, int(math.isqrt(own[k].shape[0])))

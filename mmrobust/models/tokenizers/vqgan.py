@@ -22,7 +22,7 @@ from mmengine.model import BaseModule
 
 from ...registry import MODELS
 from ...utils.device import cpu_has_native_bf16
-from ..utils import CheckpointMismatchError, load_state_dict_strict, resolve_arch
+from ..utils import CheckpointMismatchError, dropped_summary, load_state_dict_strict, resolve_arch
 
 # -- blocks ----------------------------------------------------------------------------------------
 
@@ -298,8 +298,12 @@ class VQGAN(BaseModule):
                 f'{osp.abspath(".")}). Train one on your images with `python tools/train_vq.py '
                 'CONFIG` (configs/tokenizers/vq-small-f16_toy-coco.py for the toy data), or put '
                 'a taming / latent-diffusion .ckpt there.')
-        state = checkpoint_filter_fn(load_tokenizer_checkpoint(path), self)
+        dropped: Dict[str, str] = {}
+        state = checkpoint_filter_fn(load_tokenizer_checkpoint(path), self, dropped)
         load_state_dict_strict(self, state, source=f'VQGAN checkpoint {path}')
+        print_log(f'VQGAN({self.arch_name}): loaded all {len(state)} tensors from {path}'
+                  + (f'\n{dropped_summary(dropped)}' if dropped else ''), logger='current',
+                  level=logging.INFO)
 
     def init_weights(self) -> None:
         """Load ``init_cfg``'s checkpoint; otherwise keep the weights (built or loaded)."""
@@ -388,15 +392,15 @@ def quantize_images(tokenizer: nn.Module, pixels: torch.Tensor
 TOKENIZER_PREFIXES = ('encoder.', 'decoder.', 'quantize.', 'quant_conv.', 'post_quant_conv.')
 
 
-def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: Optional[VQGAN] = None
-                         ) -> Dict[str, torch.Tensor]:
+def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: Optional[VQGAN] = None,
+                         dropped: Optional[Dict[str, str]] = None) -> Dict[str, torch.Tensor]:
     """The tokenizer's weights of an official taming / latent-diffusion checkpoint.
 
     Keeps the encoder, decoder, quantiser and the two 1x1 convs (a ``model.``, ``module.`` or
     ``tokenizer.`` wrapper prefix is removed: the last is mmrobust's Runner checkpoints of
     :class:`VQTokenizerTrainer`); drops ``loss.*`` (taming's LPIPS and discriminator, the
     trainer's discriminator and statistics) and anything else. The key names are the model's
-    own, so nothing is renamed.
+    own, so nothing is renamed. Dropped keys go to `dropped` (key -> reason) when it is given.
     """
     for wrapper in ('model.', 'module.', 'first_stage_model.', 'tokenizer.'):
         if state_dict and all(k.startswith(wrapper) for k in state_dict
@@ -404,6 +408,11 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: Optional[VQ
             state_dict = {k[len(wrapper):] if k.startswith(wrapper) else k: v
                           for k, v in state_dict.items()}
     kept = {k: v for k, v in state_dict.items() if k.startswith(TOKENIZER_PREFIXES)}
+    if dropped is not None:
+        dropped.update({k: ('training loss (LPIPS / discriminator / statistics), not the '
+                            'tokenizer' if k.startswith('loss.') else
+                            'not part of the tokenizer (encoder, decoder, quantizer)')
+                        for k in state_dict if k not in kept})
     if not kept:
         raise CheckpointMismatchError(
             'the checkpoint holds no VQGAN weights (no keys starting with '
