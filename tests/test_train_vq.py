@@ -25,7 +25,9 @@ SMALL = ['model.tokenizer.arch.ch=32', 'model.tokenizer.arch.n_embed=32',
          'train_dataloader.dataset.crop_size=32', 'train_dataloader.num_workers=0',
          'train_dataloader.persistent_workers=False', 'val_dataloader.dataset.max_images=4',
          'val_dataloader.dataset.crop_size=32', 'train_cfg.val_interval=2',
-         'default_hooks.checkpoint.interval=2', 'default_hooks.logger.interval=1']
+         'default_hooks.checkpoint.interval=2', 'default_hooks.logger.interval=1',
+         # 3 autoencoder iterations: a resume at 2 continues the bank the k-means init reads
+         'model.ae_warmup=3']
 
 
 def _iters(n: int) -> list:
@@ -43,8 +45,9 @@ def _small_arch() -> dict:
 @pytest.mark.slow
 def test_train_vq_runs_resumes_like_an_uninterrupted_run_and_loads(toy_data, tmp_path):
     """tools/train_vq.py (the README's command) trains through the Runner. 2 iterations and then
-    --resume to 4 give the tokenizer of 4 straight, bit for bit (the dead-code restarts at
-    iterations 2 and 4 included: they are seeded per iteration). tokenizer.pth and the Runner
+    --resume to 4 give the tokenizer of 4 straight, bit for bit (the autoencoder warm-up's
+    latent bank across the resume, the k-means init and the dead-code restart after it
+    included: they are seeded per iteration). tokenizer.pth and the Runner
     checkpoints load into VQGAN strictly, and into the DAT hook through init_cfg."""
     straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
     proc = run_tool('train_vq.py', CONFIG, '--work-dir', straight, '--cfg-options', *SMALL,
@@ -88,7 +91,8 @@ def test_tokenizer_trains_on_two_processes_with_amp_gan_and_ema(toy_data, tmp_pa
     work = tmp_path / 'ddp'
     proc = run_cmd(['bash', REPO / 'tools/dist_train.sh', CONFIG, '2', '--amp', '--work-dir', work,
                     '--cfg-options', *SMALL, *_iters(2), 'model.gan_weight=0.1',
-                    'model.codebook_ema=0.99'], env={'PORT': str(free_port())})
+                    'model.codebook_ema=0.99', 'model.ae_warmup=1'],
+                   env={'PORT': str(free_port())})
     log = proc.stdout + proc.stderr
     assert 'Distributed training: True' in log and 'disc_loss' in log
     assert 'CPUAmpOptimWrapper' in (work / 'vq-small-f16_toy-coco.py').read_text()
@@ -104,13 +108,14 @@ def test_tokenizer_trains_on_two_processes_with_amp_gan_and_ema(toy_data, tmp_pa
 def _train_tokenizer(rank: int, world: int, images: torch.Tensor, restarts: bool) -> dict:
     """Train the small tokenizer (EMA codebook) on ``images[it]``, split over the ranks, with
     the wrapper and SyncBN the tokenizer configs use in DDP; its state at the end. With
-    ``restarts``: code restarts every iteration and the PatchGAN term. Without, the codebook
+    ``restarts``: an autoencoder warm-up of one iteration (its k-means init: rank 0's), code
+    restarts every iteration and the PatchGAN term. Without, the codebook
     starts as initialised (no restart from one rank's latents), so a run on all images in one
     process is the same computation."""
     from mmengine.model import MMSeparateDistributedDataParallel
     init_default_scope('mmdet')
     model = _trainer(gan_weight=0.1 if restarts else 0., codebook_ema=0.9,
-                     dead_code_interval=1 if restarts else 0)
+                     dead_code_interval=1 if restarts else 0, ae_warmup=1 if restarts else 0)
     if not restarts:
         model.state.codebook_ready.fill_(True)
     wrapped = model
@@ -223,6 +228,59 @@ def test_restarts_are_seeded_per_iteration():
     assert torch.equal(first, model.codebook[:4])
 
 
+def test_autoencoder_warmup_then_kmeans_codebook():
+    """During `ae_warmup` the decoder reads the latents themselves (no VQ loss, the codebook
+    untouched) and the latest latents are banked (in the checkpointed state, so a resume
+    continues the same bank); then the codebook becomes k-means centroids of the bank."""
+    model = _trainer(ae_warmup=2, dead_code_interval=1)
+    adam = dict(type='OptimWrapper', optimizer=dict(type='Adam', lr=1e-3))
+    wrappers = VQOptimWrapperConstructor(dict(generator=adam))(model)
+    images = torch.rand(2, 3, 32, 32)
+    before = model.codebook.detach().clone()
+    for it in range(2):
+        log = _step(model, wrappers, it, images)
+        assert float(log['vq_loss']) == 0 and 'dead_codes_reset' not in log
+    assert torch.equal(model.codebook, before) and not model.state.codebook_ready
+    assert int(model.state.bank_filled) == 2 * 2 * 2 * 2  # 2 steps x 2 images x 2x2 latents
+    assert 'loss.bank' in model.state_dict() and 'loss.bank_filled' in model.state_dict()
+    _step(model, wrappers, 2, images)
+    assert model.state.codebook_ready and not torch.equal(model.codebook, before)
+    assert int(model.state.bank_filled) == 0  # served: emptied
+    log = _step(model, wrappers, 3, torch.rand(2, 3, 32, 32))
+    assert float(log['vq_loss']) > 0 and 'dead_codes_reset' in log  # quantised from now on
+
+
+def test_kmeans_init_finds_the_clusters_of_the_latents():
+    model = _trainer(ae_warmup=1)  # 32 codes of 256 dims
+    gen = torch.Generator().manual_seed(0)
+    centres = 10 * torch.randn(32, 256, generator=gen)
+    points = centres.repeat(4, 1) + 0.01 * torch.randn(128, 256, generator=gen)
+    codebooks = []
+    for _ in range(2):
+        model.state.bank.copy_(points)
+        model.state.bank_filled.fill_(len(points))
+        with torch.no_grad(), mock_encode(model, centres[:1]):
+            model.kmeans_init(torch.rand(1, 3, 16, 16), it=5)
+        codebooks.append(model.codebook.detach().clone())
+        assert int(model.state.bank_filled) == 0
+    # every cluster gets a code at its mean (up to the noise), whatever the random start
+    dist = torch.cdist(centres, codebooks[0])
+    assert dist.min(1).values.max() < 0.5  # clusters lie ~200 apart, the noise ~0.16
+    assert torch.equal(*codebooks)  # seeded by (seed, iteration)
+
+
+def mock_encode(model, latents):
+    """The encoder's latents of any image batch: `latents` (N, D) as one 1 x N grid."""
+    from unittest import mock
+    grid = latents.t().reshape(1, latents.shape[1], 1, len(latents))
+    return mock.patch.object(model.vqgan, 'encode_latent', lambda images: grid)
+
+
+def test_trainer_refuses_bad_warmup_settings():
+    with pytest.raises(ValueError, match='ae_warmup must be >= 0 and kmeans_iters >= 1'):
+        _trainer(ae_warmup=-1)
+
+
 @pytest.mark.parametrize('path', TOKENIZER_CONFIGS, ids=config_id)
 def test_tokenizer_config_builds(path, toy_data, in_repo):
     from mmengine.registry import DATASETS, MODELS
@@ -268,3 +326,27 @@ def test_image_crops_keep_the_image_scale(tmp_path):
     assert 0 <= train[0].min() and train[0].max() <= 1
     with pytest.raises(ValueError, match='scale_range'):
         ImageCrops(paths, 32, train=True, scale_range=(1.0, 0.5))
+
+
+def test_seed_table_reuses_finished_seeds_and_reports_the_spread(tmp_path, capsys):
+    """tools/analysis_tools/tokenizer_seeds.py: a seed whose eval.json exists is not trained
+    again (a killed run resumes at the next seed); the table has every seed, the spread and
+    the CPU."""
+    import runpy
+    import sys
+    from unittest import mock
+    for seed, psnr in ((0, 19.25), (1, 18.5)):
+        (tmp_path / f'seed_{seed}').mkdir()
+        (tmp_path / f'seed_{seed}' / 'eval.json').write_text(json.dumps(dict(
+            iters=1500, seconds=300.0, psnr=psnr, psnr_mean_image=15.62, psnr_blur=22.71,
+            perplexity=150.2, used_codes=220)))
+    argv = ['tokenizer_seeds.py', '--seeds', '0', '1', '--work-dir', str(tmp_path)]
+    with mock.patch.object(sys, 'argv', argv), pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(REPO / 'tools' / 'analysis_tools' / 'tokenizer_seeds.py'),
+                       run_name='__main__')
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and 'seed 0:' not in out  # nothing trained
+    assert '| 0 | 19.25 dB | 220 | 150 | 15.62 dB | 22.71 dB | 300 |' in out
+    assert '| 1 | 18.50 dB |' in out
+    assert 'PSNR: min 18.50 dB, max 19.25 dB, spread 0.75 dB over 2 seeds' in out
+    assert 'CPU: ' in out and 'cores' in out

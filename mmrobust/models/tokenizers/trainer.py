@@ -95,11 +95,15 @@ class _TrainingState(nn.Module):
     """What training keeps besides the tokenizer (checkpointed under ``loss.``); its forward is
     the discriminator's, so that DDP syncs the discriminator's gradients."""
 
-    def __init__(self, n_embed: int, embed_dim: int, gan: bool, ema: bool) -> None:
+    def __init__(self, n_embed: int, embed_dim: int, gan: bool, ema: bool,
+                 bank_size: int = 0) -> None:
         super().__init__()
         self.discriminator = PatchDiscriminator() if gan else None
         self.register_buffer('usage', torch.zeros(n_embed, dtype=torch.long))
         self.register_buffer('codebook_ready', torch.zeros((), dtype=torch.bool))
+        if bank_size:  # the autoencoder warm-up's latest latents, for the k-means init
+            self.register_buffer('bank', torch.zeros(bank_size, embed_dim))
+            self.register_buffer('bank_filled', torch.zeros((), dtype=torch.long))
         if ema:
             self.register_buffer('ema_cluster_size', torch.ones(n_embed))
             self.register_buffer('ema_embed_sum', torch.zeros(n_embed, embed_dim))
@@ -124,13 +128,21 @@ class VQTokenizerTrainer(BaseModel):
         gan_start: first iteration with the PatchGAN term.
         dead_code_interval: restart the codes unused in the last this many iterations (0: never);
             the window's perplexity and used codes are logged then.
-        seed: seeds the code restarts per iteration (a resumed run restarts the same codes).
+        ae_warmup: train this many iterations as a plain autoencoder (the quantiser bypassed),
+            then initialise the codebook by k-means on the encoder's latest latents (0: the
+            codebook starts from random latents of the untrained encoder). A code grid picked
+            from trained latents is used from the first quantised step, where codes of the
+            untrained encoder go stale as it learns.
+        kmeans_iters: Lloyd iterations of that initialisation.
+        seed: seeds the code restarts and the k-means per iteration (a resumed run restarts the
+            same codes).
         data_preprocessor: moves the [0, 1] image batch to the device.
     """
 
     def __init__(self, tokenizer: dict, recon_loss: str = 'l1', codebook_ema: float = 0.0,
                  gan_weight: float = 0.0, gan_start: int = 0, dead_code_interval: int = 100,
-                 seed: int = 0, data_preprocessor: Optional[dict] = None,
+                 ae_warmup: int = 0, kmeans_iters: int = 10, seed: int = 0,
+                 data_preprocessor: Optional[dict] = None,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(data_preprocessor=data_preprocessor or dict(type='BaseDataPreprocessor'),
                          init_cfg=init_cfg)
@@ -140,9 +152,15 @@ class VQTokenizerTrainer(BaseModel):
         if codebook_ema and not 0 < codebook_ema < 1:
             raise ValueError(f'VQTokenizerTrainer: codebook_ema must be in (0, 1) (or 0 to learn '
                              f'the codebook by the loss), got {codebook_ema}')
+        if ae_warmup < 0 or kmeans_iters < 1:
+            raise ValueError(f'VQTokenizerTrainer: ae_warmup must be >= 0 and kmeans_iters >= 1, '
+                             f'got {ae_warmup} and {kmeans_iters}')
         self.tokenizer = MODELS.build(tokenizer)
         tok = self.tokenizer
-        self.loss = _TrainingState(tok.n_embed, tok.embed_dim, gan_weight > 0, codebook_ema > 0)
+        # NOTE: 4 latents per code, so that k-means has enough points to place every code
+        self.loss = _TrainingState(tok.n_embed, tok.embed_dim, gan_weight > 0, codebook_ema > 0,
+                                   bank_size=4 * tok.n_embed if ae_warmup else 0)
+        self.ae_warmup, self.kmeans_iters = int(ae_warmup), int(kmeans_iters)
         if codebook_ema:  # NOTE: moved by its averages; no gradient, not an optimizer parameter
             tok.quantize.embedding.weight.requires_grad_(False)
         self.recon_loss, self.codebook_ema = recon_loss, float(codebook_ema)
@@ -182,6 +200,56 @@ class VQTokenizerTrainer(BaseModel):
             self.state.ema_embed_sum[index] = pick
             self.state.ema_cluster_size[index] = 1.0
 
+    @torch.no_grad()
+    def _bank_latents(self, z: torch.Tensor) -> None:
+        """Keep the latest latents of the warm-up (first in, first out)."""
+        state = self.state
+        flat = z.detach().float().permute(0, 2, 3, 1).reshape(-1, z.shape[1])
+        flat = flat[-len(state.bank):]
+        state.bank.copy_(torch.cat([state.bank[len(flat):], flat]))
+        state.bank_filled.add_(len(flat)).clamp_(max=len(state.bank))
+
+    @torch.no_grad()
+    def kmeans_init(self, images: torch.Tensor, it: int) -> None:
+        """The codebook as k-means centroids of the banked latents (plus this batch's), from
+        a seeded k-means++ start; an emptied cluster takes a random latent. In DDP rank 0's
+        codebook goes to every rank."""
+        state, vq = self.state, self.vqgan
+        points = torch.cat([state.bank[len(state.bank) - int(state.bank_filled):],
+                            vq.encode_latent(images).permute(0, 2, 3, 1).reshape(
+                                -1, vq.embed_dim)]).float()
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + it)
+        k = len(self.codebook)
+        # k-means++ start: each next centroid drawn with probability ~ squared distance to the
+        # nearest one so far (a uniform start leaves clusters to share a centroid)
+        first = int(torch.randint(len(points), (1, ), generator=gen))
+        centroids = points[first:first + 1]
+        nearest = torch.cdist(points, centroids).squeeze(1).pow(2)
+        for _ in range(k - 1):
+            weights = nearest.cpu() + 1e-12
+            pick = int(torch.multinomial(weights / weights.sum(), 1, generator=gen))
+            centroids = torch.cat([centroids, points[pick:pick + 1]])
+            nearest = torch.minimum(nearest, (points - points[pick]).pow(2).sum(1))
+        for _ in range(self.kmeans_iters):
+            assign = torch.cdist(points, centroids).argmin(1)
+            counts = torch.bincount(assign, minlength=k).float()
+            sums = torch.zeros_like(centroids).index_add_(0, assign, points)
+            empty = counts == 0
+            centroids = torch.where(empty[:, None], centroids, sums / counts.clamp(min=1)[:, None])
+            if empty.any():
+                pick = torch.randint(len(points), (int(empty.sum()), ), generator=gen)
+                centroids[empty] = points[pick.to(points.device)]
+        if _world() > 1:  # NOTE: every rank initialises at the same iteration: the call pairs up
+            dist.broadcast(centroids, 0)
+        self.codebook.copy_(centroids.to(self.codebook.dtype))
+        if self.codebook_ema:
+            self.state.ema_embed_sum.copy_(centroids)
+            self.state.ema_cluster_size.fill_(1.0)
+        # the bank has served (each rank banked its own latents; only rank 0's counted): empty,
+        # so that every rank's state is the same from here on
+        state.bank.zero_()
+        state.bank_filled.zero_()
+
     def _ema_step(self, z: torch.Tensor, codes: torch.Tensor) -> None:
         flat = z.detach().float().permute(0, 2, 3, 1).reshape(-1, z.shape[1])
         idx = codes.flatten()
@@ -198,18 +266,22 @@ class VQTokenizerTrainer(BaseModel):
                    optim_wrapper: Union[OptimWrapper, OptimWrapperDict]) -> Dict[str, torch.Tensor]:
         images = self.data_preprocessor(data, True)['inputs']
         it = int(MessageHub.get_current_instance().get_info('iter', 0))
-        if not bool(self.state.codebook_ready):
-            # NOTE: from encoder outputs, or all latents pick one code
-            self.restart_codes(torch.arange(len(self.codebook)), images, it)
+        warming = it < self.ae_warmup
+        if not warming and not bool(self.state.codebook_ready):
+            if self.ae_warmup:
+                self.kmeans_init(images, it)
+            else:  # NOTE: from encoder outputs, or all latents pick one code
+                self.restart_codes(torch.arange(len(self.codebook)), images, it)
             self.state.codebook_ready.fill_(True)
         gen_opt = optim_wrapper['generator'] if isinstance(optim_wrapper, OptimWrapperDict) \
             else optim_wrapper
         latents: Dict[str, torch.Tensor] = {}
         handle = self.vqgan.quantize.register_forward_hook(
-            lambda mod, args, out: latents.update(z=args[0])) if self.codebook_ema else None
-        gan_on = self.state.discriminator is not None and it >= self.gan_start
+            lambda mod, args, out: latents.update(z=args[0])) \
+            if self.codebook_ema or warming else None
+        gan_on = self.state.discriminator is not None and it >= self.gan_start and not warming
         with gen_opt.optim_context(self.tokenizer):
-            recon, vq_loss, codes = self.tokenizer(images)
+            recon, vq_loss, codes = self.tokenizer(images, quantize=not warming)
             recon_fn = F.l1_loss if self.recon_loss == 'l1' else F.mse_loss
             loss = recon_fn(recon.float(), images) + vq_loss
             gan_loss = torch.zeros((), device=images.device)
@@ -220,6 +292,10 @@ class VQTokenizerTrainer(BaseModel):
             handle.remove()
         gen_opt.update_params(loss)
         log = {'loss': loss.detach(), 'vq_loss': vq_loss.detach(), 'gan_loss': gan_loss.detach()}
+        if warming:
+            self._bank_latents(latents['z'])
+            return {'loss': loss.detach(), 'vq_loss': vq_loss.detach(),
+                    'gan_loss': gan_loss.detach()}
         if self.codebook_ema:
             self._ema_step(latents['z'], codes)
         if gan_on:

@@ -363,12 +363,20 @@ class VQGAN(BaseModule):
         """Q(x): encode, quantise, decode ([0, 1] in and out)."""
         return self.decode(self.encode(x))
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Training pass: (reconstruction in [0, 1] before clamping, VQ loss, indices)."""
+    def forward(self, x: torch.Tensor, quantize: bool = True
+                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Training pass: (reconstruction in [0, 1] before clamping, VQ loss, indices).
+
+        ``quantize=False`` (a trainer's autoencoder warm-up) decodes the latents themselves;
+        the quantiser still runs, its loss at weight 0, so that every parameter takes part in
+        the backward pass (DDP without ``find_unused_parameters``).
+        """
         self._check_size(x)
         with self._amp(x):
             z = self.quant_conv(self.encoder(x * 2 - 1)).float()
         z_q, vq_loss, indices = self.quantize(z)
+        if not quantize:
+            z_q, vq_loss = z, vq_loss * 0
         with self._amp(x):
             rec = self.decoder(self.post_quant_conv(z_q)).float()
         return (rec + 1) / 2, vq_loss, indices
