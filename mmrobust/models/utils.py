@@ -126,8 +126,9 @@ def load_pretrained(model: nn.Module, checkpoint: str,
         raise FileNotFoundError(
             f'{type(model).__name__}: pretrained checkpoint {checkpoint!r} not found (resolved '
             f'from {osp.abspath(".")}). mmrobust never downloads weights: put the file there '
-            '(e.g. from the official release), point init_cfg.checkpoint at it, or train from '
-            'scratch with `--cfg-options model.backbone.init_cfg=None`.')
+            '(where each config\'s file comes from and how to convert it: README.md, "Where '
+            'each config\'s weights come from"), point init_cfg.checkpoint at it, or train '
+            'from scratch with `--cfg-options model.backbone.init_cfg=None`.')
     raw = CheckpointLoader.load_checkpoint(checkpoint, map_location='cpu')
     dropped: Dict[str, str] = {}
     state = filter_fn(raw, model, dropped)
