@@ -70,7 +70,7 @@ def table(results: Dict[int, Dict]) -> str:
     lines = ['| seed | held-out PSNR | codes used | perplexity | mean colour | blur to the code '
              'grid | seconds |', '|---|---|---|---|---|---|---|']
     for seed, r in results.items():
-        lines.append(f'| {seed} | {r["psnr"]:.2f} dB | {r["used_codes"]} | '
+        lines.append(f'| {seed} | {r["psnr"]:.2f} dB | {int(r["used_codes"])} | '
                      f'{r["perplexity"]:.0f} | {r["psnr_mean_image"]:.2f} dB | '
                      f'{r["psnr_blur"]:.2f} dB | {r["seconds"]:.0f} |')
     psnr = [r['psnr'] for r in results.values()]
