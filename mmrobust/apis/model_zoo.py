@@ -144,13 +144,16 @@ def load_zoo(repo: str) -> List[ZooEntry]:
 
 def build_zoo_model(config: str) -> torch.nn.Module:
     """A config's model as built by the Runner, without loading any pretrained weights (the
-    parameter count is the architecture's; nothing is downloaded or read)."""
+    parameter count is the architecture's; nothing is downloaded or read), from a fixed seed:
+    a two-stage detector's proposals, and with them its RoI heads' FLOPs, are then the same in
+    every run on one machine."""
     from mmengine.config import Config
     from mmengine.registry import MODELS, init_default_scope
 
     import mmrobust  # noqa: F401
     cfg = Config.fromfile(config)
     init_default_scope(cfg.default_scope)
+    torch.manual_seed(0)
     return MODELS.build(cfg.model)
 
 
@@ -161,20 +164,16 @@ def count_parameters(model: torch.nn.Module) -> Tuple[int, int]:
             sum(p.numel() for p in model.parameters() if p.requires_grad))
 
 
-def measure_flops(config: str, size: Tuple[int, int]) -> int:
-    """FLOPs of one test-mode forward of a ``width x height`` image through a config's whole
-    network (``model._forward``: backbone, neck and heads; a two-stage detector's RoI heads on
-    the RPN's proposals), counted as the project's benchmarks count
-    (:func:`mmrobust.utils.flops.count_flops`).
-
-    The model keeps the initialisation of its constructors, from a fixed seed, so a two-stage
-    detector's proposals, and with them the RoI heads' share, are the same in every run on one
-    machine; no pretrained weights are read.
+def measure_flops(model: torch.nn.Module, size: Tuple[int, int]) -> int:
+    """FLOPs of one test-mode forward of a ``width x height`` image through a model of
+    :func:`build_zoo_model` (``model._forward``: backbone, neck and heads; a two-stage
+    detector's RoI heads on the RPN's proposals), counted as the project's benchmarks count
+    (:func:`mmrobust.utils.flops.count_flops`). The model keeps its constructors'
+    initialisation; no pretrained weights are read.
     """
     from ..utils.flops import count_flops
     width, height = size
-    torch.manual_seed(0)
-    model = build_zoo_model(config).eval()
+    model.eval()
     if hasattr(model, 'tokenizer') and not hasattr(model, 'backbone'):
         # a tokenizer's recipe (VQTokenizerTrainer): one encode-quantise-decode round trip
         image = torch.rand(1, 3, height, width)

@@ -92,8 +92,9 @@ def main() -> int:
                 print(f'{config}: no model-zoo entry (add one to its folder\'s metafile.yml)',
                       file=sys.stderr)
                 return 2
-            params, trainable = count_parameters(build_zoo_model(osp.join(REPO, rel)))
-            flops = measure_flops(osp.join(REPO, rel), entry.input_size)
+            model = build_zoo_model(osp.join(REPO, rel))  # once, for both figures
+            params, trainable = count_parameters(model)
+            flops = measure_flops(model, entry.input_size)
             listed = (entry.params, entry.metadata['Trainable Parameters'], entry.flops)
             print(f'{entry.name}:  # metafile: {listed[0]} / {listed[1]} / {listed[2]}\n'
                   f'      Parameters: {params}\n      Trainable Parameters: {trainable}\n'
