@@ -147,6 +147,19 @@ def run_tool(tool: str, *args, **kwargs) -> subprocess.CompletedProcess:
     return run_cmd([sys.executable, REPO / 'tools' / tool, *args], **kwargs)
 
 
+def assert_user_error(status: int, stderr: str, code: int, *texts: str) -> str:
+    """A user error as the tools report it (mmrobust.utils.errors.run_tool): exit status
+    ``code``, one ``error:`` line, the message from it on holding each of ``texts`` (a key
+    list may go on over more lines), no traceback. The message is returned."""
+    lines = [line for line in stderr.splitlines() if line.startswith('error: ')]
+    assert status == code, f'exit status {status}, not {code}; stderr:\n{stderr[-3000:]}'
+    assert len(lines) == 1, f'not one error: line in stderr:\n{stderr[-3000:]}'
+    assert 'Traceback' not in stderr, stderr[-3000:]
+    message = stderr[stderr.index(lines[0]):]
+    assert all(t in message for t in texts), f'{texts} not all in {message!r}'
+    return message
+
+
 @pytest.fixture(scope='session')
 def trained_toy_detector(toy_data, tmp_path_factory) -> Path:
     """The README demo's run: the toy FAN-T-Hybrid Mask R-CNN trained 300 iterations from

@@ -16,8 +16,9 @@ from PIL import Image
 
 from mmrobust.corruptions import corrupt, derive_seed
 from mmrobust.corruptions.generate import MANIFEST, read_image
+from mmrobust.utils.errors import ConfigError
 
-from conftest import REPO, run_tool
+from conftest import REPO, assert_user_error, run_tool
 
 CELLS = ['--corruptions', 'gaussian_noise', 'glass_blur', 'zoom_blur', '--severities', '2', '5']
 
@@ -180,10 +181,10 @@ def test_every_bad_source_is_listed_and_every_good_one_corrupted(toy_data, tmp_p
 @pytest.mark.slow
 def test_missing_source_is_explained(tmp_path):
     proc = run_tool('make_corrupted.py', tmp_path / 'nope', tmp_path / 'out', check=False)
-    assert proc.returncode != 0 and 'does not exist' in proc.stderr
+    assert_user_error(proc.returncode, proc.stderr, 1, 'nope does not exist')
     proc = run_tool('make_corrupted.py', tmp_path, tmp_path / 'out', '--protocol', 'coco',
                     check=False)
-    assert proc.returncode != 0 and 'Valid protocols: benchmark' in proc.stderr
+    assert_user_error(proc.returncode, proc.stderr, 2, 'Valid protocols: benchmark')
 
 
 @pytest.mark.parametrize('scope', ['mmdet', 'mmseg'])
@@ -231,6 +232,7 @@ def test_corrupt_transform_errors():
     with pytest.raises(ValueError, match='1..5'):
         TRANSFORMS.build(dict(type='Corrupt', corruption='fog', severity=7))
     t = TRANSFORMS.build(dict(type='Corrupt', corruption='fog', severity=1))
-    with pytest.raises(KeyError, match='LoadImageFromFile'):
+    with pytest.raises(ConfigError, match='LoadImageFromFile'):
         t(dict(img_path='x.jpg'))
     assert cv2 is not None
+

@@ -23,7 +23,7 @@ from mmrobust.evaluation import (
 )
 from mmrobust.evaluation.report import load_results, summary_markdown
 
-from conftest import DEMO_DET_CFG, REPO, run_cmd, run_tool
+from conftest import DEMO_DET_CFG, REPO, assert_user_error, run_cmd, run_tool
 
 DET_CFG = DEMO_DET_CFG  # the configuration of `trained_toy_detector`'s checkpoint
 SEG_CFG = 'configs/toy/segformer_mit-b0_toy-cityscapes.py'
@@ -365,8 +365,7 @@ def test_second_robustness_run_on_one_results_file_is_refused(toy_data, tmp_path
         proc = run_tool('test_robustness.py', SEG_CFG, ckpt, '--corruptions', 'fog',
                         '--severities', '1', '--results', results, '--work-dir', tmp_path / 'w',
                         *NO_WORKERS, check=False)
-    assert proc.returncode != 0 and 'FileLockedError' in proc.stderr
-    assert f'is being written by pid {os.getpid()}' in proc.stderr
+    assert_user_error(proc.returncode, proc.stderr, 1, f'is being written by pid {os.getpid()}')
     assert not results.exists()
 
 
@@ -374,7 +373,7 @@ def test_second_robustness_run_on_one_results_file_is_refused(toy_data, tmp_path
 def test_errors_name_the_valid_choices(tmp_path):
     proc = run_tool('test_robustness.py', DET_CFG, tmp_path / 'x.pth', '--corruptions',
                     'blurry', check=False)
-    assert proc.returncode != 0 and 'Valid corruptions: gaussian_noise' in proc.stderr
+    assert_user_error(proc.returncode, proc.stderr, 2, 'Valid corruptions: gaussian_noise')
     proc = run_tool('test_robustness.py', DET_CFG, tmp_path / 'x.pth', '--coco-backend', 'fast',
                     check=False)
     assert proc.returncode == 2 and "invalid choice: 'fast'" in proc.stderr
@@ -437,13 +436,14 @@ def test_attack_cells_beside_corruptions_report_and_two_processes(toy_data, tmp_
     (['--epsilons', '1/255'], '--epsilons needs --attacks'),
 ])
 def test_bad_attack_arguments_stop_before_anything_is_built(args, message, tmp_path,
-                                                            monkeypatch):
+                                                            monkeypatch, capsys):
     import runpy
     tool = str(REPO / 'tools' / 'test_robustness.py')
     monkeypatch.setattr('sys.argv', [tool, SEG_CFG, str(tmp_path / 'none.pth'), *args])
+    monkeypatch.delenv('MMROBUST_DEBUG', raising=False)
     with pytest.raises(SystemExit) as stop:  # NOTE: in this process: no interpreter start-up
         runpy.run_path(tool, run_name='__main__')
-    assert message in str(stop.value.code)
+    assert_user_error(stop.value.code, capsys.readouterr().err, 2, message)
 
 
 @pytest.mark.slow

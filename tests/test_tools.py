@@ -10,7 +10,7 @@ import pytest
 
 from mmrobust.utils import safe_load
 
-from conftest import REPO, free_port, run_cmd, run_tool
+from conftest import REPO, assert_user_error, free_port, run_cmd, run_tool
 
 DET_CFG = 'configs/toy/mask-rcnn_r18_fpn_toy-coco.py'
 SEG_CFG = 'configs/toy/segformer_mit-b0_toy-cityscapes.py'
@@ -142,14 +142,13 @@ def test_slurm_scripts_call_srun_with_the_tools(tmp_path):
 def test_missing_dataset_names_path_and_fix(root, hint, tmp_path):
     proc = run_tool('train.py', DET_CFG, '--work-dir', tmp_path,
                     '--cfg-options', f'train_dataloader.dataset.data_root={root}', check=False)
-    assert proc.returncode != 0
-    assert 'DatasetNotFoundError' in proc.stderr and root in proc.stderr and hint in proc.stderr
+    assert_user_error(proc.returncode, proc.stderr, 1, root, hint)
 
 
 @pytest.mark.slow
 def test_test_tool_rejects_missing_checkpoint(tmp_path):
     proc = run_tool('test.py', DET_CFG, tmp_path / 'nope.pth', check=False)
-    assert proc.returncode != 0 and 'nope.pth' in proc.stderr and 'does not exist' in proc.stderr
+    assert_user_error(proc.returncode, proc.stderr, 1, 'nope.pth', 'does not exist')
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ from pathlib import Path
 # the mmrobust of this checkout, not whichever one is installed
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mmrobust.utils.errors import run_tool
 from mmrobust.utils.origin import report_origin
 
 report_origin(__file__)
@@ -15,4 +16,4 @@ report_origin(__file__)
 from mmrobust.corruptions.generate import main
 
 if __name__ == '__main__':
-    sys.exit(main())
+    run_tool(main)

@@ -32,6 +32,7 @@ from pathlib import Path
 # the mmrobust of this checkout, not whichever one is installed
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mmrobust.utils.errors import run_tool
 from mmrobust.utils.origin import report_origin
 
 report_origin(__file__)
@@ -47,7 +48,7 @@ from mmrobust.evaluation.uncertainty import Bootstrap
 
 def merge(argv: List[str]) -> int:
     """``merge SHARD... --out MERGED``: one results file from the shards' files."""
-    from mmrobust.evaluation.results import ShardError, merge_results
+    from mmrobust.evaluation.results import merge_results
     from mmrobust.utils.io import atomic_json, exclusive_lock
     parser = argparse.ArgumentParser(
         prog='robustness_report.py merge',
@@ -60,11 +61,7 @@ def merge(argv: List[str]) -> int:
     args = parser.parse_args(argv)
     if osp.abspath(args.out) in {osp.abspath(p) for p in args.shards}:
         parser.error(f'--out {args.out} is one of the shards: write the merge elsewhere')
-    try:
-        merged = merge_results([(p, load_results(p)) for p in args.shards], args.allow_missing)
-    except (ShardError, ValueError, FileNotFoundError) as err:
-        print(f'error: {err}', file=sys.stderr)
-        return 1
+    merged = merge_results([(p, load_results(p)) for p in args.shards], args.allow_missing)
     with exclusive_lock(args.out):  # NOTE: not over a results file a run is writing
         atomic_json(args.out, merged)
     cells = sum(len(v) for v in merged['cells'].values())
@@ -123,15 +120,11 @@ def main() -> int:
         label = f'{name} #{seen[name]}' if counts[name] > 1 else name
         labels.append(label)
         groups.setdefault(name, []).append(label)
-    try:
-        results = {label: load_results(path) for label, path in zip(labels, args.results)}
-        reference = None
-        if args.reference:
-            ref_label = osp.splitext(osp.basename(args.reference))[0]
-            reference = (ref_label, load_results(args.reference))
-    except (ValueError, FileNotFoundError) as err:
-        print(f'error: {err}', file=sys.stderr)
-        return 1
+    results = {label: load_results(path) for label, path in zip(labels, args.results)}
+    reference = None
+    if args.reference:
+        ref_label = osp.splitext(osp.basename(args.reference))[0]
+        reference = (ref_label, load_results(args.reference))
     boot = Bootstrap(args.bootstrap, args.confidence, args.bootstrap_seed)
     extras = build_extras([(label, path, results[label])
                            for label, path in zip(labels, args.results)],
@@ -148,4 +141,4 @@ def main() -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    run_tool(main)

@@ -25,6 +25,7 @@ from pathlib import Path
 # the mmrobust of this checkout, not whichever one is installed
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mmrobust.utils.errors import UsageError, run_tool
 from mmrobust.utils.origin import report_origin
 
 report_origin(__file__)
@@ -44,10 +45,10 @@ from mmrobust.apis import (
 from mmrobust.corruptions import Protocol, resolve_protocol
 from mmrobust.engine.hooks.strict_load import strict_load_outcome
 from mmrobust.evaluation import evaluate_robustness, results_lock
-from mmrobust.evaluation.attacks import AttackError, attack_names, attack_plan
+from mmrobust.evaluation.attacks import attack_names, attack_plan
 from mmrobust.evaluation.coco_metric import COCO_BACKENDS, DEFAULT_ROBUSTNESS_BACKEND
 from mmrobust.evaluation.report import plot, summary_markdown, write_csv
-from mmrobust.evaluation.results import ShardError, parse_shard, report_dir
+from mmrobust.evaluation.results import parse_shard, report_dir
 from mmrobust.evaluation.robustness import DEFAULT_METRIC_QUEUE
 from mmrobust.utils import explain_registry_errors
 
@@ -120,19 +121,13 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if args.metric_queue < 0:
-        sys.exit(f'error: --metric-queue must be 0 (serial) or more, got {args.metric_queue}')
-    try:
-        shard = parse_shard(args.shard) if args.shard else None
-    except ShardError as err:
-        sys.exit(f'error: {err}')
-    try:
-        attacks = attack_plan(args.attacks or (), args.epsilons, args.attack_steps,
-                              args.attack_step_size, args.attack_random_start,
-                              args.attack_restarts, args.seed)
-    except AttackError as err:
-        sys.exit(f'error: {err}')
+        raise UsageError(f'--metric-queue must be 0 (serial) or more, got {args.metric_queue}')
+    shard = parse_shard(args.shard) if args.shard else None
+    attacks = attack_plan(args.attacks or (), args.epsilons, args.attack_steps,
+                          args.attack_step_size, args.attack_random_start, args.attack_restarts,
+                          args.seed)
     if args.epsilons and not attacks:
-        sys.exit('error: --epsilons needs --attacks (e.g. --attacks pgd_linf)')
+        raise UsageError('--epsilons needs --attacks (e.g. --attacks pgd_linf)')
     if attacks and args.protocol is None and args.corruptions is None:
         protocol = Protocol('attacks', 'adversarial cells only', {})
     else:
@@ -170,4 +165,4 @@ def main() -> None:
                       f'tools/robustness_report.py merge {every} --out MERGED.json')
 
 if __name__ == '__main__':
-    main()
+    run_tool(main)

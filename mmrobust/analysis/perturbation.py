@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from ..models.data_preprocessors import PixelSpace, patched_forward, perturb_in_pixels
 from ..utils import ResultsStore, leaf_datasets, save_figure
+from ..utils.errors import UnknownNameError
 
 __all__ = ['fourier_basis', 'frequency_grid', 'fourier_perturb', 'patch_mask',
            'perturbed_preprocessor', 'PerturbationStudy', 'mirror_heatmap', 'open_study',
@@ -215,7 +216,8 @@ def main_metric(settings: Dict[str, Dict[str, float]], metric: Optional[str] = N
     keys = next(iter(settings.values())).keys() if settings else []
     if metric:
         if metric not in keys:
-            raise KeyError(f'metric {metric!r} not in the results; available: {sorted(keys)}')
+            raise UnknownNameError(f'metric {metric!r} not in the results; available: '
+                                   f'{sorted(keys)}')
         return metric
     return next((k for k in PREFERRED_METRICS if k in keys), next(iter(keys), ''))
 

@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from ..corruptions import CORRUPTIONS, corrupt, derive_seed
 from ..models.tokenizers import VQGAN, VQGAN_ARCHS, quantize_images
+from ..utils.errors import InputNotFoundError, UnknownNameError
 from ..utils.io import atomic_image, atomic_json, save_figure
 
 __all__ = ['load_tokenizer', 'read_rgb', 'token_view', 'plot_code_changes']
@@ -46,8 +47,8 @@ def load_tokenizer(spec: str, checkpoint: Optional[str] = None) -> nn.Module:
         if checkpoint is None and osp.isfile(default):
             checkpoint = default  # what `tools/train_vq.py CONFIG` writes by default
     else:
-        raise FileNotFoundError(f'{spec} is neither a VQGAN arch ({", ".join(VQGAN_ARCHS)}) nor '
-                                'a tokenizer config file')
+        raise InputNotFoundError(f'{spec} is neither a VQGAN arch ({", ".join(VQGAN_ARCHS)}) nor '
+                                 'a tokenizer config file')
     if checkpoint:
         model.load_checkpoint(checkpoint)
     else:
@@ -100,7 +101,7 @@ def token_view(tokenizer: nn.Module, images: Dict[str, np.ndarray], out_dir: str
     changed by re-encoding the clean reconstruction (``codes_changed_reencoding``)."""
     unknown = [c for c in corruptions if c not in CORRUPTIONS]
     if unknown:
-        raise KeyError(f'unknown corruptions {unknown}; choose from {sorted(CORRUPTIONS)}')
+        raise UnknownNameError(f'unknown corruptions {unknown}; choose from {sorted(CORRUPTIONS)}')
     os.makedirs(out_dir, exist_ok=True)
     changed: Dict[str, Dict[int, List[float]]] = {c: {s: [] for s in severities}
                                                   for c in corruptions}

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from ..utils.errors import InputNotFoundError, UnknownNameError
+
 __all__ = ['FAMILIES', 'Conversion', 'build_target', 'convert_checkpoint', 'read_checkpoint']
 
 
@@ -77,15 +79,15 @@ def build_target(family: str, arch: Optional[str] = None, out_type: Optional[str
                  ) -> nn.Module:
     """The model a family's checkpoint is converted for, freshly initialised."""
     if family not in FAMILIES:
-        raise KeyError(f'unknown family {family!r}; choose from {sorted(FAMILIES)}')
+        raise UnknownNameError(f'unknown family {family!r}; choose from {sorted(FAMILIES)}')
     spec = FAMILIES[family]
     arch = arch or spec.default_arch
     out_type = out_type or spec.out_types[0]
     if arch not in spec.archs:
-        raise KeyError(f'{family} has no arch {arch!r}; choose from {list(spec.archs)}')
+        raise UnknownNameError(f'{family} has no arch {arch!r}; choose from {list(spec.archs)}')
     if out_type not in spec.out_types:
-        raise KeyError(f'{family} has no out type {out_type!r}; choose from '
-                       f'{list(spec.out_types)}')
+        raise UnknownNameError(f'{family} has no out type {out_type!r}; choose from '
+                               f'{list(spec.out_types)}')
     model = spec.build(arch, out_type)
     if hasattr(model, '_init_from_scratch'):
         model._init_from_scratch()  # what the layers the source lacks start from
@@ -98,7 +100,7 @@ def read_checkpoint(path: str) -> Mapping:
     """A torch checkpoint (loaded safely), or an ``.npz`` of named arrays (TensorFlow
     variables exported with numpy; arrays of objects are refused)."""
     if not osp.isfile(path):
-        raise FileNotFoundError(f'checkpoint {path!r} not found')
+        raise InputNotFoundError(f'checkpoint {path!r} not found')
     if path.endswith('.npz'):
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}

@@ -26,6 +26,8 @@ from mmrobust.utils.config_checks import (
     leaf_datasets,
 )
 
+from ..utils.errors import ConfigError, InputNotFoundError, UsageError
+
 __all__ = ['apply_common_args', 'apply_train_args', 'apply_test_args', 'build_runner',
            'init_model', 'load_checkpoint_strict', 'setup_distributed', 'add_partial_load_arg']
 
@@ -92,13 +94,13 @@ def apply_train_args(cfg: Config, resume: Optional[str], amp: bool,
     if auto_scale_lr:
         if 'enable' not in cfg.get('auto_scale_lr', {}) or \
                 'base_batch_size' not in cfg.auto_scale_lr:
-            raise RuntimeError(
+            raise ConfigError(
                 '--auto-scale-lr needs `auto_scale_lr = dict(enable=False, base_batch_size=N)` in '
                 'the config, N being the total batch size its learning rate was tuned for.')
         cfg.auto_scale_lr.enable = True
     if resume is not None and osp.isfile(osp.join(cfg.work_dir, 'latest_state.pth')) and \
             not osp.isfile(osp.join(cfg.work_dir, 'last_checkpoint')):
-        raise RuntimeError(
+        raise ConfigError(
             f"{cfg.work_dir} holds a state of the former train_vq loop (latest_state.pth), which "
             'the Runner cannot resume. Its tokenizer.pth still loads into VQGAN (e.g. as the '
             "tokenizer's init_cfg checkpoint); to continue training, start a new work dir.")
@@ -106,7 +108,7 @@ def apply_train_args(cfg: Config, resume: Optional[str], amp: bool,
         cfg.resume, cfg.load_from = True, None
     elif resume is not None:
         if not osp.isfile(resume):
-            raise FileNotFoundError(f'--resume {resume}: no such checkpoint file')
+            raise InputNotFoundError(f'--resume {resume}: no such checkpoint file')
         cfg.resume, cfg.load_from = True, resume
     return cfg
 
@@ -115,10 +117,10 @@ def _trigger_visualization(cfg: Config, show: bool, show_dir: Optional[str],
                            wait_time: float) -> None:
     hook = cfg.default_hooks.get('visualization')
     if hook is None:
-        raise RuntimeError("--show/--show-dir need a visualization hook in default_hooks: "
-                           "default_hooks = dict(visualization=dict(type='"
-                           f"{'Det' if config_scope(cfg) == 'mmdet' else 'Seg'}"
-                           "VisualizationHook'))")
+        raise ConfigError("--show/--show-dir need a visualization hook in default_hooks: "
+                          "default_hooks = dict(visualization=dict(type='"
+                          f"{'Det' if config_scope(cfg) == 'mmdet' else 'Seg'}"
+                          "VisualizationHook'))")
     hook['draw'] = True
     if show:
         hook['show'], hook['wait_time'] = True, wait_time
@@ -132,7 +134,7 @@ def _trigger_visualization(cfg: Config, show: bool, show_dir: Optional[str],
 def _enable_tta(cfg: Config) -> None:
     if 'tta_model' not in cfg or 'tta_pipeline' not in cfg:
         if config_scope(cfg) == 'mmseg':
-            raise RuntimeError('--tta needs `tta_model` and `tta_pipeline` in the config')
+            raise ConfigError('--tta needs `tta_model` and `tta_pipeline` in the config')
         warnings.warn('no tta_model/tta_pipeline in the config: using horizontal-flip TTA')
         cfg.setdefault('tta_model', dict(type='DetTTAModel', tta_cfg=dict(
             nms=dict(type='nms', iou_threshold=0.5), max_per_img=100)))
@@ -152,7 +154,7 @@ def apply_test_args(cfg: Config, checkpoint: str, out: Optional[str], show: bool
                     show_dir: Optional[str], wait_time: float, tta: bool) -> Config:
     """`--out`, `--show`, `--show-dir` and `--tta` with the task's own semantics."""
     if not osp.isfile(checkpoint):
-        raise FileNotFoundError(f'checkpoint {checkpoint!r} does not exist')
+        raise InputNotFoundError(f'checkpoint {checkpoint!r} does not exist')
     cfg.load_from = checkpoint
     # a COCO metric given `backend=...` (e.g. --cfg-options test_evaluator.backend=...) is
     # evaluated by that library; one without keeps mmdet's CocoMetric
@@ -167,7 +169,7 @@ def apply_test_args(cfg: Config, checkpoint: str, out: Optional[str], show: bool
         cfg.test_evaluator['output_dir'] = out
         cfg.test_evaluator['keep_results'] = True
     elif out is not None and not out.endswith(('.pkl', '.pickle')):
-        raise ValueError(f'--out {out}: detection results are dumped to a .pkl file')
+        raise UsageError(f'--out {out}: detection results are dumped to a .pkl file')
     return cfg
 
 
@@ -180,8 +182,8 @@ def setup_distributed(cfg: Config) -> None:
     if cfg.launcher == 'none' or torch.cuda.is_available():
         return
     if cfg.launcher != 'pytorch':
-        raise RuntimeError(f'--launcher {cfg.launcher} needs GPUs; on CPU use '
-                           '`bash tools/dist_train.sh CONFIG N` (torchrun, gloo)')
+        raise ConfigError(f'--launcher {cfg.launcher} needs GPUs; on CPU use '
+                          '`bash tools/dist_train.sh CONFIG N` (torchrun, gloo)')
     if not dist.is_initialized():
         dist.init_process_group(backend='gloo', rank=int(os.environ['RANK']),
                                 world_size=int(os.environ['WORLD_SIZE']))
@@ -218,7 +220,7 @@ def _check_not_an_old_tokenizer_config(cfg: Config) -> None:
     """Tokenizer configs of the former hand-written train_vq loop (`data=`, `train=`) say how
     to move to the Runner instead of failing on missing dataloaders."""
     if 'train' in cfg and 'data' in cfg and 'train_dataloader' not in cfg:
-        raise RuntimeError(
+        raise ConfigError(
             'this is a tokenizer config for the former train_vq loop (`data=` and `train=`); '
             'tokenizers now train with mmengine\'s Runner. Start from configs/tokenizers/'
             'vq-small-f16_toy-coco.py: model=dict(type=\'VQTokenizerTrainer\', '

@@ -16,6 +16,8 @@ from typing import Dict, List, Mapping, Sequence, Tuple
 
 import torch
 
+from ..utils.errors import MMRobustError
+
 __all__ = ['ZooEntry', 'METRICS', 'load_zoo', 'zoo_folders', 'build_zoo_model',
            'count_parameters', 'measure_flops', 'update_metadata', 'select', 'zoo_table',
            'readme_rows', 'readme_table', 'update_readme', 'README_MARK', 'check_results',
@@ -39,7 +41,7 @@ REQUIRED_METADATA = ('Training Data', 'Parameters', 'Trainable Parameters', 'FLO
                      'FLOPs Input')
 
 
-class ZooError(ValueError):
+class ZooError(MMRobustError, ValueError):
     """A metafile entry that is malformed or points at nothing."""
 
 

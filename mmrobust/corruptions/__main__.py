@@ -1,6 +1,5 @@
 """``python -m mmrobust.corruptions SRC OUT ...``: the same CLI as tools/make_corrupted.py."""
-import sys
-
+from ..utils.errors import run_tool
 from .generate import main
 
-sys.exit(main())
+run_tool(main)

@@ -5,6 +5,7 @@ from typing import Union
 import cv2
 import numpy as np
 
+from ..utils.errors import MMRobustError
 from .protocols import SEVERITIES, get_corruption
 
 #: Smallest supported side. Below it several corruptions are meaningless (a 17x17 defocus disk,
@@ -14,7 +15,7 @@ MIN_SIZE = 8
 SeedLike = Union[int, np.integer, np.random.RandomState, None]
 
 
-class ImageTooSmallError(ValueError):
+class ImageTooSmallError(MMRobustError, ValueError):
     """An image under :data:`MIN_SIZE` px a side: the corruptions are not defined on it."""
 
 

@@ -31,6 +31,7 @@ from PIL import Image
 from scipy.ndimage import gaussian_filter
 from scipy.ndimage import zoom as scipy_zoom
 
+from ..utils.errors import InputNotFoundError
 from . import _kernels, legacy
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -145,15 +146,15 @@ def frost_texture_dir() -> Path:
     else:
         spec = importlib.util.find_spec('imagecorruptions')
         if spec is None or not spec.submodule_search_locations:
-            raise FileNotFoundError(
+            raise InputNotFoundError(
                 'The frost corruption needs the frost textures of the `imagecorruptions` package, '
                 'which is not installed. Install the project stack (`bash tools/setup_env.sh`) or '
                 'set MMROBUST_FROST_DIR to a folder holding frost1.png ... frost6.jpg.')
         folder = Path(list(spec.submodule_search_locations)[0]) / 'frost'
     missing = [n for n in FROST_FILES if not (folder / n).is_file()]
     if missing:
-        raise FileNotFoundError(f'Frost textures {missing} not found in {folder}; set '
-                                'MMROBUST_FROST_DIR to a folder holding all six.')
+        raise InputNotFoundError(f'Frost textures {missing} not found in {folder}; set '
+                                 'MMROBUST_FROST_DIR to a folder holding all six.')
     return folder
 
 

@@ -28,6 +28,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
+from ..utils.errors import InputNotFoundError, MMRobustError
 from ..utils.io import TMP_MARK, atomic_bytes
 from .core import ImageTooSmallError, corrupt, derive_seed
 from .protocols import Protocol, resolve_protocol
@@ -41,7 +42,7 @@ class CorruptionWriteError(RuntimeError):
     disk, an I/O error, memory, a bug): the run stops, naming the cell and the image."""
 
 
-class SourceImageError(Exception):
+class SourceImageError(MMRobustError):
     """A source image that cannot be decoded (truncated, corrupt, unsupported mode)."""
 
 
@@ -56,7 +57,7 @@ def detect_layout(src: Path, subdirs: Optional[Sequence[str]] = None,
     Anything else: every image under ``src``, nothing linked. ``subdirs``/``links`` override.
     """
     if not src.is_dir():
-        raise FileNotFoundError(f'Source dataset folder {src} does not exist.')
+        raise InputNotFoundError(f'Source dataset folder {src} does not exist.')
     if (src / 'leftImg8bit').is_dir():
         auto_dirs, auto_links = ['leftImg8bit/val'], ['gtFine']
     elif (src / 'annotations').is_dir():
@@ -69,8 +70,8 @@ def detect_layout(src: Path, subdirs: Optional[Sequence[str]] = None,
     link_list = list(links) if links is not None else auto_links
     for rel in dirs:
         if not (src / rel).is_dir():
-            raise FileNotFoundError(f'Image folder {src / rel} does not exist; choose the folders '
-                                    'to corrupt with --subdirs.')
+            raise InputNotFoundError(f'Image folder {src / rel} does not exist; choose the folders '
+                                     'to corrupt with --subdirs.')
     link_list = [rel for rel in link_list if (src / rel).exists()]
     return dirs, link_list
 
@@ -286,8 +287,8 @@ def generate(src: Path, out: Path, protocol: Protocol, seed: int = 0, workers: i
     if max_images is not None:
         images = images[:max_images]
     if not images:
-        raise FileNotFoundError(f'No images ({", ".join(IMAGE_SUFFIXES)}) found under '
-                                f'{", ".join(str(src / d) for d in dirs)}.')
+        raise InputNotFoundError(f'No images ({", ".join(IMAGE_SUFFIXES)}) found under '
+                                 f'{", ".join(str(src / d) for d in dirs)}.')
     out.mkdir(parents=True, exist_ok=True)
     identity = {'seed': seed, 'channel_order': channel_order, 'jpeg_quality': jpeg_quality,
                 'lossless': lossless, 'source': str(src.resolve())}

@@ -15,6 +15,7 @@ protocol                  corruptions                                       seve
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ..utils.errors import UnknownNameError, UsageError
 from . import functional as F
 
 CATEGORIES = ('noise', 'blur', 'weather', 'digital')
@@ -72,11 +73,8 @@ BENCHMARK_CORRUPTIONS = tuple(n for n, info in CORRUPTIONS.items() if not info.h
 HELD_OUT_CORRUPTIONS = tuple(n for n, info in CORRUPTIONS.items() if info.held_out)
 
 
-class UnknownCorruptionError(KeyError):
+class UnknownCorruptionError(UnknownNameError):
     """An unknown corruption, category or protocol name (the message lists the valid ones)."""
-
-    def __str__(self) -> str:  # KeyError would print the message quoted
-        return str(self.args[0])
 
 
 def get_corruption(name: str) -> CorruptionInfo:
@@ -173,7 +171,7 @@ def resolve_protocol(protocol: Optional[str] = None,
     if severities:
         bad = [s for s in severities if s not in SEVERITIES]
         if bad:
-            raise ValueError(f'Severities must be in 1..5, got {bad}.')
+            raise UsageError(f'Severities must be in 1..5, got {bad}.')
     table = {}
     for name in names:
         allowed = base.severities.get(name, ()) if base else SEVERITIES
@@ -185,7 +183,7 @@ def resolve_protocol(protocol: Optional[str] = None,
         if sevs:
             table[name] = sevs
     if not table:
-        raise ValueError('The selection of corruptions and severities is empty.')
+        raise UsageError('The selection of corruptions and severities is empty.')
     if base and not corruptions and not severities:
         return base
     label = base.name if base else 'custom'

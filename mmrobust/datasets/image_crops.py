@@ -13,6 +13,7 @@ from mmengine.config import Config
 
 from ..registry import DATASETS
 from ..utils.config_checks import check_dataset_paths, config_scope
+from ..utils.errors import InputNotFoundError
 
 __all__ = ['ImageCrops', 'ImageCropsDataset', 'dataset_image_paths']
 
@@ -33,7 +34,7 @@ class ImageCrops(torch.utils.data.Dataset):
     def __init__(self, paths: List[str], size: int, train: bool,
                  scale_range: Sequence[float] = (0.5, 1.0)) -> None:
         if not paths:
-            raise FileNotFoundError('the dataset has no images')
+            raise InputNotFoundError('the dataset has no images')
         if len(scale_range) != 2 or not 0 < scale_range[0] <= scale_range[1]:
             raise ValueError(f'scale_range must be (low, high) with 0 < low <= high, got '
                              f'{scale_range}')

@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 import cv2
 import numpy as np
 
+from ..utils.errors import UnknownNameError
 from ..utils.io import atomic_bytes
 
 TOY_COCO_CLASSES = ('circle', 'square', 'triangle', 'star', 'hexagon')
@@ -335,7 +336,7 @@ def generate_toy_dataset(name: str, root: str, seed: int = 0,
     complete one is skipped.
     """
     if name not in TOY_DATASETS:
-        raise KeyError(f'unknown toy dataset {name!r}; choose from {sorted(TOY_DATASETS)}')
+        raise UnknownNameError(f'unknown toy dataset {name!r}; choose from {sorted(TOY_DATASETS)}')
     marker = osp.join(root, _MARKER)
     if not force and osp.isfile(marker):
         with open(marker) as f:

@@ -7,6 +7,7 @@ from mmcv.transforms import BaseTransform
 
 from ..corruptions import SEVERITIES, corrupt, derive_seed, get_corruption
 from ..registry import TRANSFORMS
+from ..utils.errors import ConfigError
 
 
 # NOTE: mmdet ships a `Corrupt` (imagecorruptions, unseeded, crashes on current scikit-image for
@@ -55,13 +56,13 @@ class Corrupt(BaseTransform):
             return str(results['img_id'])
         if 'sample_idx' in results:
             return str(results['sample_idx'])
-        raise KeyError('Corrupt needs img_path, img_id or sample_idx in the results to seed the '
-                       'corruption per image; put it after LoadImageFromFile.')
+        raise ConfigError('Corrupt needs img_path, img_id or sample_idx in the results to seed the '
+                          'corruption per image; put it after LoadImageFromFile.')
 
     def transform(self, results: Dict) -> Dict:
         if 'img' not in results:
-            raise KeyError('Corrupt found no image in the results: put it right after the '
-                           'image-loading transform (e.g. LoadImageFromFile).')
+            raise ConfigError('Corrupt found no image in the results: put it right after the '
+                              'image-loading transform (e.g. LoadImageFromFile).')
         seed = derive_seed(self.seed, self.image_id(results), self.corruption, self.severity)
         order = 'rgb' if self.bgr_compat else self.channel_order
         results['img'] = corrupt(results['img'], self.corruption, self.severity, seed=seed,

@@ -16,6 +16,7 @@ from mmengine.optim import DefaultOptimWrapperConstructor, OptimWrapper, OptimWr
 from mmrobust.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS
 
 from ..utils.device import cpu_has_native_bf16
+from ..utils.errors import ConfigError
 
 
 @OPTIM_WRAPPERS.register_module()
@@ -54,9 +55,9 @@ class VQOptimWrapperConstructor:
                              'generator / discriminator entries')
         unknown = set(optim_wrapper_cfg) - {'generator', 'discriminator'}
         if 'generator' not in optim_wrapper_cfg or unknown:
-            raise KeyError('VQOptimWrapperConstructor needs optim_wrapper = dict(constructor=..., '
-                           'generator=dict(type=..., optimizer=...), [discriminator=...]); got '
-                           f'keys {sorted(optim_wrapper_cfg)}')
+            raise ConfigError('VQOptimWrapperConstructor needs optim_wrapper = dict('
+                              'constructor=..., generator=dict(type=..., optimizer=...), '
+                              f'[discriminator=...]); got keys {sorted(optim_wrapper_cfg)}')
         self.cfg = optim_wrapper_cfg
 
     def __call__(self, model: nn.Module) -> OptimWrapperDict:
@@ -69,7 +70,7 @@ class VQOptimWrapperConstructor:
             dict(self.cfg['generator']))(holder)}
         if model.state.discriminator is not None:
             if 'discriminator' not in self.cfg:
-                raise KeyError('gan_weight > 0 needs optim_wrapper.discriminator')
+                raise ConfigError('gan_weight > 0 needs optim_wrapper.discriminator')
             wrappers['discriminator'] = DefaultOptimWrapperConstructor(
                 dict(self.cfg['discriminator']))(model.state.discriminator)
         return OptimWrapperDict(**wrappers)

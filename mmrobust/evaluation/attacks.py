@@ -30,6 +30,7 @@ from mmengine.model import is_model_wrapper
 
 from ..engine.hooks.dat import preserved_buffers
 from ..models.data_preprocessors import PixelSpace, valid_mask
+from ..utils.errors import UsageError
 
 __all__ = ['ATTACKS', 'NORMS', 'Attack', 'AttackError', 'AttackResult', 'annotations_after_resize',
            'attack_batch', 'attack_cells', 'attack_loss', 'attack_names', 'attack_of_cell',
@@ -42,7 +43,7 @@ SEGMENTATION_ONLY = ('segpgd', 'cospgd')
 NORMS = ('linf', 'l2')
 
 
-class AttackError(ValueError):
+class AttackError(UsageError):
     """An attack that cannot run as asked: its name, budget, or the model and test data."""
 
 

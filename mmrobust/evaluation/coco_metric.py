@@ -22,6 +22,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from mmdet.evaluation.metrics import CocoMetric
 
 from ..registry import METRICS
+from ..utils.errors import MMRobustError, UsageError
 
 __all__ = ['COCO_BACKENDS', 'DEFAULT_ROBUSTNESS_BACKEND', 'CocoBackend', 'UnknownBackendError',
            'BackendNotInstalledError', 'coco_backend', 'RobustCocoMetric', 'select_coco_backend',
@@ -47,11 +48,11 @@ COCO_BACKENDS: Dict[str, _Spec] = {
 DEFAULT_ROBUSTNESS_BACKEND = 'faster-coco-eval'
 
 
-class UnknownBackendError(ValueError):
+class UnknownBackendError(UsageError):
     """A COCO backend name that is not one of :data:`COCO_BACKENDS`."""
 
 
-class BackendNotInstalledError(ImportError):
+class BackendNotInstalledError(MMRobustError, ImportError):
     """The library of a known COCO backend is not installed."""
 
 

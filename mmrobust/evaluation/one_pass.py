@@ -16,6 +16,7 @@ from mmengine.config import Config
 from torch.utils.data import Dataset, Sampler
 
 from ..datasets.transforms import CELL_KEY
+from ..utils.errors import InputNotFoundError
 from .metrics import CLEAN
 
 __all__ = ['CellDataset', 'CellBatchSampler', 'OnePassUnsupported', 'one_pass_loader']
@@ -127,7 +128,7 @@ def one_pass_loader(runner, cfg: Config, cells: Sequence[Cell], seed: int, bgr_c
         for corruption, severity in cells:
             folder = osp.join(corrupted_root, corruption, str(severity))
             if corruption != CLEAN and not osp.isdir(folder):
-                raise FileNotFoundError(
+                raise InputNotFoundError(
                     f'{folder} does not exist: write the corrupted set with `python '
                     f'tools/make_corrupted.py SRC {corrupted_root} ...` for this protocol, or '
                     'drop --corrupted-root to corrupt on the fly.')

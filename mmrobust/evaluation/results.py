@@ -14,12 +14,13 @@ import pickle
 from typing import Dict, List, Mapping, Sequence, Tuple
 
 from ..corruptions import CORRUPTIONS
+from ..utils.errors import InputNotFoundError, MMRobustError
 from ..utils.io import ResultsStore
 from .metrics import CLEAN
 
-__all__ = ['RESULTS_FORMAT', 'IDENTITY_KEYS', 'RobustnessResults', 'ShardError', 'file_sha256',
-           'evaluation_sha256', 'identity_sha256', 'load_results', 'merge_results',
-           'parse_shard', 'report_dir', 'shard_cells']
+__all__ = ['RESULTS_FORMAT', 'IDENTITY_KEYS', 'RobustnessResults', 'ShardError', 'ShardSpecError',
+           'NotAResultsFileError', 'file_sha256', 'evaluation_sha256', 'identity_sha256',
+           'load_results', 'merge_results', 'parse_shard', 'report_dir', 'shard_cells']
 
 RESULTS_FORMAT = 'mmrobust-robustness/1'
 # the keys that must match for a results file to be resumed
@@ -101,6 +102,10 @@ def _from_mmdet_pkl(data: Mapping) -> Dict:
     return {'protocol': 'mmdet-results', 'cells': cells, 'source': 'mmdet test_robustness'}
 
 
+class NotAResultsFileError(MMRobustError, ValueError):
+    """A file that is not a robustness results file of this mmrobust's format."""
+
+
 def _read_mmdet_pkl(path: str) -> Dict:
     with open(path, 'rb') as f:
         raw = f.read()
@@ -115,8 +120,8 @@ def _read_mmdet_pkl(path: str) -> Dict:
         hint = (f' mmdet\'s test_robustness.py writes the predictions to --out {path} and the '
                 f'metrics to {stem}_results{ext}: pass that file'
                 + ('' if osp.isfile(f'{stem}_results{ext}') else ' (not found next to it)'))
-        raise ValueError(f'{path} is not a robustness results file ({err}).'
-                         + ('' if stem.endswith('_results') else hint)) from None
+        raise NotAResultsFileError(f'{path} is not a robustness results file ({err}).'
+                                   + ('' if stem.endswith('_results') else hint)) from None
     return _from_mmdet_pkl(data)
 
 
@@ -126,26 +131,28 @@ def load_results(path: str) -> Dict:
     Severities are integers in the returned ``cells`` (JSON stores them as strings).
 
     Raises:
-        FileNotFoundError: no such file.
-        ValueError: not a results file, or one of another format version (says which).
+        InputNotFoundError: no such file.
+        NotAResultsFileError: not a results file, or one of another format version (says
+            which).
     """
     if not osp.isfile(path):
-        raise FileNotFoundError(f'Results file {path} does not exist.')
+        raise InputNotFoundError(f'Results file {path} does not exist.')
     if path.endswith(('.pkl', '.pickle')):
         return _read_mmdet_pkl(path)
     with open(path) as f:
         try:
             data = json.load(f)
         except ValueError as err:
-            raise ValueError(f'{path} is not a robustness results file (not JSON: {err}).') \
-                from None
+            raise NotAResultsFileError(f'{path} is not a robustness results file (not JSON: '
+                                       f'{err}).') from None
     if not isinstance(data, dict) or 'cells' not in data:
-        raise ValueError(f'{path} is not a robustness results file (no "cells").')
+        raise NotAResultsFileError(f'{path} is not a robustness results file (no "cells").')
     fmt = data.get('format')
     if fmt is not None and fmt != RESULTS_FORMAT:
-        raise ValueError(f'{path} is a results file of format {fmt!r}; this mmrobust reads '
-                         f'{RESULTS_FORMAT!r}. Use the mmrobust version that wrote it, or rerun '
-                         'the evaluation.')
+        raise NotAResultsFileError(
+            f'{path} is a results file of format {fmt!r}; this mmrobust reads '
+            f'{RESULTS_FORMAT!r}. Use the mmrobust version that wrote it, or rerun the '
+            'evaluation.')
     data['cells'] = {corruption: {int(s): scores for s, scores in by_severity.items()}
                      for corruption, by_severity in data['cells'].items()}
     return data
@@ -153,8 +160,14 @@ def load_results(path: str) -> Dict:
 
 # -- shards ----------------------------------------------------------------------------------------
 
-class ShardError(ValueError):
-    """A malformed ``--shard`` or shard results that cannot be merged (the message says why)."""
+class ShardError(MMRobustError, ValueError):
+    """Shard results that cannot be merged, or a malformed ``--shard`` (the message says why)."""
+
+
+class ShardSpecError(ShardError):
+    """A malformed ``--shard`` (a usage error: exit status 2)."""
+
+    exit_code = 2
 
 
 def parse_shard(text: str) -> Tuple[int, int]:
@@ -162,10 +175,10 @@ def parse_shard(text: str) -> Tuple[int, int]:
     try:
         index, count = (int(part) for part in text.split('/'))
     except ValueError:
-        raise ShardError(f'--shard takes I/N (the I-th of N shards, from 0), got {text!r}') \
+        raise ShardSpecError(f'--shard takes I/N (the I-th of N shards, from 0), got {text!r}') \
             from None
     if count < 1 or not 0 <= index < count:
-        raise ShardError(f'--shard {text}: I must be in 0..N-1 and N at least 1')
+        raise ShardSpecError(f'--shard {text}: I must be in 0..N-1 and N at least 1')
     return index, count
 
 

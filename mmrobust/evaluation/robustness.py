@@ -29,6 +29,7 @@ from mmengine.model import is_model_wrapper
 
 from ..corruptions import Protocol
 from ..utils.config_checks import leaf_datasets
+from ..utils.errors import InputNotFoundError, MMRobustError
 from ..utils.io import TMP_MARK, FileLockedError, exclusive_lock
 from ..utils.progress import Progress
 from ..version import __version__
@@ -76,7 +77,7 @@ from .seg_metric import use_fast_iou
 DEFAULT_METRIC_QUEUE = 2
 
 
-class PipelineError(ValueError):
+class PipelineError(MMRobustError, ValueError):
     """The test pipeline cannot be corrupted (no image-loading step)."""
 
 
@@ -120,7 +121,7 @@ def cell_dataloader(cfg: Config, corruption: Optional[str], severity: int, seed:
         if corrupted_root:
             dataset['data_root'] = osp.join(corrupted_root, corruption, str(severity))
             if not osp.isdir(dataset['data_root']):
-                raise FileNotFoundError(
+                raise InputNotFoundError(
                     f'{dataset["data_root"]} does not exist: write the corrupted set with '
                     f'`python tools/make_corrupted.py SRC {corrupted_root} ...` for this '
                     'protocol, or drop --corrupted-root to corrupt on the fly.')

@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..utils.errors import MMRobustError
 from .metrics import CLEAN
 from .per_image import load_cell_stats, scorer, stats_dir, stats_path
 from .results import evaluation_sha256
@@ -35,7 +36,7 @@ Cell = Tuple[str, int]
 _PERCENT_METRICS = ('aAcc', 'mIoU', 'mAcc', 'mDice', 'mFscore', 'mPrecision', 'mRecall')
 
 
-class PairingError(ValueError):
+class PairingError(MMRobustError, ValueError):
     """Two results files whose numbers cannot be paired (the message names the difference)."""
 
 

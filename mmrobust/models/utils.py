@@ -15,6 +15,8 @@ from mmengine.registry import WEIGHT_INITIALIZERS
 from mmengine.runner.checkpoint import CheckpointLoader
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..utils.errors import InputNotFoundError, MMRobustError, UnknownNameError
+
 __all__ = ['CheckpointMismatchError', 'unwrap_state_dict', 'state_dict_mismatch',
            'mismatch_message', 'load_state_dict_strict', 'dropped_summary',
            'load_pretrained', 'StrictPretrainedInit', 'resolve_arch', 'init_trunc_normal_']
@@ -22,7 +24,7 @@ __all__ = ['CheckpointMismatchError', 'unwrap_state_dict', 'state_dict_mismatch'
 _WRAPPERS = ('state_dict', 'model', 'state_dict_ema', 'model_ema')
 
 
-class CheckpointMismatchError(RuntimeError):
+class CheckpointMismatchError(MMRobustError, RuntimeError):
     """A checkpoint does not fit the model it is loaded into."""
 
 
@@ -123,7 +125,7 @@ def load_pretrained(model: nn.Module, checkpoint: str,
     it leaves out in ``dropped`` (key -> reason); those are logged with the loaded count.
     """
     if '://' not in checkpoint and not osp.isfile(osp.expanduser(checkpoint)):
-        raise FileNotFoundError(
+        raise InputNotFoundError(
             f'{type(model).__name__}: pretrained checkpoint {checkpoint!r} not found (resolved '
             f'from {osp.abspath(".")}). mmrobust never downloads weights: put the file there '
             '(where each config\'s file comes from and how to convert it: README.md, "Where '
@@ -146,15 +148,15 @@ def resolve_arch(arch: Union[str, Mapping], zoo: Mapping[str, Mapping], family: 
     keys = sorted(next(iter(zoo.values())))
     if isinstance(arch, str):
         if arch not in zoo:
-            raise KeyError(f'unknown {family} arch {arch!r}; choose from {sorted(zoo)} or pass a '
-                           f'dict with keys {keys}')
+            raise UnknownNameError(f'unknown {family} arch {arch!r}; choose from {sorted(zoo)} '
+                                   f'or pass a dict with keys {keys}')
         return arch, dict(zoo[arch])
     missing = sorted(set(keys) - set(arch))
     unknown = sorted(set(arch) - set(keys) - set(optional))
     if missing or unknown:
-        raise KeyError(f'a custom {family} arch needs exactly the keys {keys}'
-                       + (f' (optionally {sorted(optional)})' if optional else '')
-                       + f'; missing: {missing}, unknown: {unknown}')
+        raise UnknownNameError(f'a custom {family} arch needs exactly the keys {keys}'
+                               + (f' (optionally {sorted(optional)})' if optional else '')
+                               + f'; missing: {missing}, unknown: {unknown}')
     return 'custom', dict(arch)
 
 

@@ -22,12 +22,14 @@ import torch
 from mmengine.logging import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader
 
+from .errors import InputNotFoundError, MMRobustError
+
 __all__ = ['UnsafeCheckpointError', 'NotACheckpointError', 'safe_load', 'register_safe_globals',
            'safe_globals', 'load_from_local', 'install_safe_checkpoint_loader',
            'load_lightning_checkpoint', 'STUBBED_NAMESPACES']
 
 
-class UnsafeCheckpointError(pickle.UnpicklingError):
+class UnsafeCheckpointError(MMRobustError, pickle.UnpicklingError):
     """A checkpoint holds pickled objects outside the allow-list; nothing from it was run."""
 
 
@@ -93,7 +95,7 @@ def _unsafe_globals(f: Union[str, BinaryIO], exc: Exception) -> List[str]:
     return sorted(set(names))
 
 
-class NotACheckpointError(ValueError):
+class NotACheckpointError(MMRobustError, ValueError):
     """The file is not something ``torch.save`` wrote (a plain pickle, text, empty...)."""
 
 
@@ -150,7 +152,7 @@ def load_from_local(filename: str, map_location: Optional[Any] = None) -> Any:
     """mmengine loader for local paths that loads through :func:`safe_load`."""
     filename = osp.expanduser(filename)
     if not osp.isfile(filename):
-        raise FileNotFoundError(f'checkpoint {filename} can not be found.')
+        raise InputNotFoundError(f'checkpoint {filename} can not be found.')
     return safe_load(filename, map_location)
 
 

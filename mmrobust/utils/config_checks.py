@@ -14,6 +14,8 @@ import mmengine.registry as mme_registry
 from mmengine.config import Config
 from mmengine.registry import Registry
 
+from .errors import InputNotFoundError, MMRobustError
+
 __all__ = ['DatasetNotFoundError', 'RegistryLookupError', 'MissingCustomImportsError',
            'check_dataset_paths', 'check_custom_imports', 'explain_registry_errors',
            'explain_registry_error', 'config_scope', 'leaf_datasets']
@@ -21,16 +23,20 @@ __all__ = ['DatasetNotFoundError', 'RegistryLookupError', 'MissingCustomImportsE
 CUSTOM_IMPORTS_LINE = "custom_imports = dict(imports=['mmrobust'], allow_failed_imports=False)"
 
 
-class DatasetNotFoundError(FileNotFoundError):
+class DatasetNotFoundError(InputNotFoundError):
     """A dataset file or folder named by the config does not exist."""
 
 
-class RegistryLookupError(LookupError):
+class RegistryLookupError(MMRobustError, LookupError):
     """A `type=` name was not found in the registry of the config's scope."""
 
+    exit_code = 2  # a config mistake: a usage error
 
-class MissingCustomImportsError(RuntimeError):
+
+class MissingCustomImportsError(MMRobustError, RuntimeError):
     """The config uses mmrobust modules but does not import mmrobust."""
+
+    exit_code = 2
 
 
 def config_scope(cfg: Config) -> str:

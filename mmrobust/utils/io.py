@@ -15,6 +15,8 @@ from typing import IO, Any, Dict, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from .errors import MMRobustError
+
 __all__ = ['TMP_MARK', 'atomic_write', 'atomic_json', 'atomic_bytes', 'atomic_image',
            'save_figure', 'ResultsStore', 'ResultsMismatchError', 'FileLockedError',
            'exclusive_lock']
@@ -84,7 +86,7 @@ def save_figure(fig: Any, path: PathLike, dpi: int = 120) -> str:
     return os.fspath(path)
 
 
-class FileLockedError(RuntimeError):
+class FileLockedError(MMRobustError, RuntimeError):
     """Another process writes this file (it holds the file's lock)."""
 
 
@@ -182,7 +184,7 @@ def exclusive_lock(path: PathLike, wait: bool = False,
         os.close(fd)
 
 
-class ResultsMismatchError(RuntimeError):
+class ResultsMismatchError(MMRobustError, RuntimeError):
     """A results file was written by another evaluation (config, checkpoint, protocol, ...)."""
 
 

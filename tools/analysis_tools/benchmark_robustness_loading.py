@@ -15,6 +15,7 @@ from pathlib import Path
 # the mmrobust of this checkout, not whichever one is installed
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from mmrobust.utils.errors import run_tool
 from mmrobust.utils.origin import report_origin
 
 report_origin(__file__)
@@ -82,4 +83,4 @@ def main() -> None:
 
 
 if __name__ == '__main__':
-    main()
+    run_tool(main)

@@ -21,6 +21,7 @@ from pathlib import Path
 # the mmrobust of this checkout, not whichever one is installed
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from mmrobust.utils.errors import UsageError, run_tool
 from mmrobust.utils.origin import report_origin
 
 report_origin(__file__)
@@ -29,7 +30,6 @@ import argparse
 import os.path as osp
 
 from mmrobust.apis.model_zoo import (
-    ZooError,
     build_zoo_model,
     check_results,
     count_parameters,
@@ -66,19 +66,11 @@ def main() -> int:
                         help='with --measure: write the measured numbers into the metafiles; '
                         "with --readme: write the table into the folder's README.md")
     args = parser.parse_args()
-    try:
-        entries = load_zoo(REPO)
-    except ZooError as err:
-        print(f'model zoo: {err}', file=sys.stderr)
-        return 2
+    entries = load_zoo(REPO)
     if args.check:
         from mmrobust.evaluation.report import load_results
         for path in args.check:
-            try:
-                entry, lines = check_results(load_results(path), entries)
-            except ZooError as err:
-                print(f'{path}: {err}', file=sys.stderr)
-                return 2
+            entry, lines = check_results(load_results(path), entries)
             print(f'{path} ({entry.name}, {entry.config}):')
             print('\n'.join(f'  {line}' for line in lines))
         return 0
@@ -89,9 +81,8 @@ def main() -> int:
             rel = osp.normpath(osp.relpath(osp.abspath(osp.join(REPO, config)), REPO))
             entry = by_config.get(rel)
             if entry is None:
-                print(f'{config}: no model-zoo entry (add one to its folder\'s metafile.yml)',
-                      file=sys.stderr)
-                return 2
+                raise UsageError(f'{config}: no model-zoo entry (add one to its folder\'s '
+                                 'metafile.yml)')
             model = build_zoo_model(osp.join(REPO, rel))  # once, for both figures
             params, trainable = count_parameters(model)
             flops = measure_flops(model, entry.input_size)
@@ -106,17 +97,15 @@ def main() -> int:
         return 0
     chosen = select(entries, args.task, args.family)
     if not chosen:
-        print(f'no model-zoo entry matches --task {args.task!r} --family {args.family!r}; '
-              f'tasks: {sorted({e.task for e in entries})}, families: '
-              f'{sorted({e.folder for e in entries} | {e.collection for e in entries})}',
-              file=sys.stderr)
-        return 2
+        raise UsageError(
+            f'no model-zoo entry matches --task {args.task!r} --family {args.family!r}; '
+            f'tasks: {sorted({e.task for e in entries})}, families: '
+            f'{sorted({e.folder for e in entries} | {e.collection for e in entries})}')
     if args.readme:
         rows = readme_rows([e for e in chosen if e.folder == args.readme])
         if len(rows) == 2:
-            print(f'configs/{args.readme}/ has no model-zoo entries; folders: '
-                  f'{sorted({e.folder for e in entries})}', file=sys.stderr)
-            return 2
+            raise UsageError(f'configs/{args.readme}/ has no model-zoo entries; folders: '
+                             f'{sorted({e.folder for e in entries})}')
         print('\n'.join(rows))
         if args.update:
             update_readme(osp.join(REPO, 'configs', args.readme, 'README.md'), args.readme, rows)
@@ -128,4 +117,4 @@ def main() -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    run_tool(main)

@@ -16,6 +16,7 @@ from pathlib import Path
 # the mmrobust of this checkout, not whichever one is installed
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from mmrobust.utils.errors import run_tool
 from mmrobust.utils.origin import report_origin
 
 report_origin(__file__)
@@ -100,4 +101,4 @@ def main() -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    run_tool(main)

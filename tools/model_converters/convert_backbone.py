@@ -21,6 +21,7 @@ from pathlib import Path
 # the mmrobust of this checkout, not whichever one is installed
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from mmrobust.utils.errors import run_tool
 from mmrobust.utils.origin import report_origin
 
 report_origin(__file__)
@@ -32,7 +33,7 @@ from typing import List, Optional
 import torch
 
 from mmrobust.apis.convert import FAMILIES, convert_checkpoint, read_checkpoint
-from mmrobust.models.utils import CheckpointMismatchError, dropped_summary
+from mmrobust.models.utils import dropped_summary
 from mmrobust.utils import atomic_write
 
 
@@ -50,12 +51,8 @@ def main(argv: Optional[List[str]] = None, family: Optional[str] = None) -> int:
                                        for k, v in FAMILIES.items()) + ' (default: the first)')
     args = parser.parse_args(argv)
     family = family or args.family
-    try:
-        conv = convert_checkpoint(family, read_checkpoint(args.src), args.arch, args.out_type,
-                                  source=f'checkpoint {args.src}')
-    except (CheckpointMismatchError, FileNotFoundError, KeyError) as err:
-        print(f'{args.src}: {err}', file=sys.stderr)
-        return 1
+    conv = convert_checkpoint(family, read_checkpoint(args.src), args.arch, args.out_type,
+                              source=f'checkpoint {args.src}')
     model = conv.model
     with atomic_write(args.dst, 'wb') as f:
         torch.save(dict(state_dict=conv.state,
@@ -74,4 +71,4 @@ def main(argv: Optional[List[str]] = None, family: Optional[str] = None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    run_tool(main)

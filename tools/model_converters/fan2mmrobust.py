@@ -17,8 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from convert_backbone import main  # noqa: E402
 
+from mmrobust.utils.errors import run_tool  # noqa: E402
+
 if __name__ == '__main__':
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument('--family', choices=('hybrid', 'swin'), default='hybrid')
     known, rest = parser.parse_known_args()
-    sys.exit(main(rest, family=f'fan-{known.family}'))
+    run_tool(lambda: main(rest, family=f'fan-{known.family}'))

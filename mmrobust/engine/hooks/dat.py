@@ -41,6 +41,7 @@ from mmengine.model import is_model_wrapper
 from ...models.data_preprocessors import PixelSpace, patch_forward, valid_mask
 from ...models.tokenizers import quantize_images
 from ...registry import HOOKS, MODELS
+from ...utils.errors import InputNotFoundError
 
 if TYPE_CHECKING:
     from mmengine.runner import Runner
@@ -160,7 +161,7 @@ class DATHook(Hook):
         if self.tokenizer is None:
             ckpt = (self.tokenizer_cfg.get('init_cfg') or {}).get('checkpoint')
             if ckpt and not osp.isfile(ckpt):
-                raise FileNotFoundError(
+                raise InputNotFoundError(
                     f'DATHook: the tokenizer checkpoint {ckpt} does not exist. Train one on your '
                     'images with `python tools/train_vq.py CONFIG` (e.g. configs/tokenizers/'
                     'vq-small-f16_toy-coco.py for the toy data), or download a taming / '

@@ -22,6 +22,7 @@ from mmengine.model import BaseModule
 
 from ...registry import MODELS
 from ...utils.device import cpu_has_native_bf16
+from ...utils.errors import InputNotFoundError
 from ..utils import CheckpointMismatchError, dropped_summary, load_state_dict_strict, resolve_arch
 
 # -- blocks ----------------------------------------------------------------------------------------
@@ -293,7 +294,7 @@ class VQGAN(BaseModule):
         """Load a taming/latent-diffusion ``.ckpt`` or a state dict, strictly and safely."""
         from .checkpoint import load_tokenizer_checkpoint
         if not osp.isfile(osp.expanduser(path)):
-            raise FileNotFoundError(
+            raise InputNotFoundError(
                 f'VQGAN: tokenizer checkpoint {path!r} not found (resolved from '
                 f'{osp.abspath(".")}). Train one on your images with `python tools/train_vq.py '
                 'CONFIG` (configs/tokenizers/vq-small-f16_toy-coco.py for the toy data), or put '
