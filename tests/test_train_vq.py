@@ -15,7 +15,16 @@ from mmrobust.engine.hooks.strict_load import loadable_state
 from mmrobust.models.tokenizers import VQGAN, VQTokenizerTrainer
 from mmrobust.models.tokenizers.trainer import ema_update
 
-from conftest import REPO, TOKENIZER_CONFIGS, config_id, free_port, run_cmd, run_ranks, run_tool
+from conftest import (
+    REPO,
+    TOKENIZER_CONFIGS,
+    assert_user_error,
+    config_id,
+    free_port,
+    run_cmd,
+    run_ranks,
+    run_tool,
+)
 from cpu_sync_bn import convert_to_cpu_sync_bn
 
 CONFIG = 'configs/tokenizers/vq-small-f16_toy-coco.py'
@@ -350,3 +359,36 @@ def test_seed_table_reuses_finished_seeds_and_reports_the_spread(tmp_path, capsy
     assert '| 1 | 18.50 dB |' in out
     assert 'PSNR: min 18.50 dB, max 19.25 dB, spread 0.75 dB over 2 seeds' in out
     assert 'CPU: ' in out and 'cores' in out
+
+
+@pytest.mark.parametrize('recipe, psnr, passes', [
+    ('current (seeds 0-2, README figures)', (18.78, 18.83, 22.03), True),
+    ('former: Adam 1e-3, no warm-up (seeds 0-1)', (16.07, 17.31), False),
+])
+def test_the_recipe_check_fails_a_recipe_that_learns_too_little(recipe, psnr, passes, tmp_path,
+                                                                capsys, monkeypatch):
+    """tokenizer_seeds.py --min-margin 2: a seed less than 2 dB above the mean-colour baseline
+    (15.62 dB on the held-out crops) fails the check, with the seed and its margin. The
+    recorded held-out PSNR of the former recipe fails it, the current recipe's passes."""
+    import runpy
+    import sys
+    for seed, value in enumerate(psnr):
+        (tmp_path / f'seed_{seed}').mkdir()
+        (tmp_path / f'seed_{seed}' / 'eval.json').write_text(json.dumps(dict(
+            iters=1500, seconds=520.0, psnr=value, psnr_mean_image=15.62, psnr_blur=22.71,
+            perplexity=150.0, used_codes=200)))
+    argv = ['tokenizer_seeds.py', '--seeds', *map(str, range(len(psnr))), '--work-dir',
+            str(tmp_path), '--min-margin', '2']
+    monkeypatch.setattr(sys, 'argv', argv)
+    monkeypatch.delenv('MMROBUST_DEBUG', raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(REPO / 'tools' / 'analysis_tools' / 'tokenizer_seeds.py'),
+                       run_name='__main__')
+    out, err = capsys.readouterr()
+    if passes:
+        assert exit_.value.code == 0
+        assert 'every seed at least 2.00 dB above the mean-colour baseline' in out
+    else:
+        assert_user_error(exit_.value.code, err, 1, 'seed(s) 0 (+0.45 dB)',
+                          '--min-margin asks for +2.00 dB')
+        assert '1 (+1.69 dB)' in err  # every seed short of the margin is listed
