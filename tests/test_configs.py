@@ -66,9 +66,9 @@ def _weight_paths(node) -> list:
 
 
 def _readme_weight_table() -> dict:
-    """The README's table of where each config's weights come from: file -> row."""
-    text = (REPO / 'README.md').read_text()
-    section = text.split("### Where each config's weights come from", 1)[1].split('\n#', 1)[0]
+    """The checkpoints guide's table of where each config's weights come from: file -> row."""
+    text = (REPO / 'docs' / 'en' / 'user_guides' / 'checkpoints.md').read_text()
+    section = text.split("## Where each config's weights come from", 1)[1].split('\n#', 1)[0]
     table = {}
     for row in (line for line in section.splitlines() if line.startswith('| `')):
         for name in re.findall(r'`([^`]+)`', row.split(' | ')[0]):
@@ -87,17 +87,17 @@ def test_weight_table_commands_exist():
     assert len(rows) >= 8
     for row in rows:
         for tool in re.findall(r'python (tools/\S+\.py)', row):
-            assert (REPO / tool).is_file(), f'README weight table names {tool}'
+            assert (REPO / tool).is_file(), f'the weight table names {tool}'
 
 
 @pytest.mark.parametrize('path', ALL_CONFIGS, ids=config_id)
 def test_config_builds(path, toy_data, in_repo):
     cfg = Config.fromfile(path)
-    # every file it loads is a local path with a way to make it (the README's table)
+    # every file it loads is a local path with a way to make it (the checkpoints guide's table)
     for weights in _weight_paths({k: cfg.get(k) for k in ('model', 'custom_hooks', 'load_from')}):
         assert '://' not in weights, f'{weights}: a download at run time; take a local path'
-        assert weights in WEIGHTS, (f'{weights} has no row in the README table "Where each '
-                                    "config's weights come from\"")
+        assert weights in WEIGHTS, (f'{weights} has no row in the table "Where each config\'s '
+                                    'weights come from" of docs/en/user_guides/checkpoints.md')
     scope = config_scope(cfg)
     assert cfg.custom_imports.imports == ['mmrobust']
     check_custom_imports(cfg)

@@ -236,3 +236,33 @@ def test_corrupt_transform_errors():
         t(dict(img_path='x.jpg'))
     assert cv2 is not None
 
+
+def test_corruption_grid_shows_what_make_corrupted_writes(toy_data, tmp_path, capsys,
+                                                          monkeypatch):
+    """tools/analysis_tools/corruption_grid.py (in-process): the clean tile, then one per cell,
+    each seeded as make_corrupted.py seeds that file, labelled, in --columns columns."""
+    import runpy
+    src = sorted((toy_data['toy_coco'] / 'val2017').iterdir())[0]
+    tool = str(REPO / 'tools' / 'analysis_tools' / 'corruption_grid.py')
+    out = tmp_path / 'grid.png'
+    monkeypatch.delenv('MMROBUST_DEBUG', raising=False)
+    for extra, code in (([], 0), (['--columns', '0'], 2)):
+        monkeypatch.setattr(sys, 'argv', [tool, str(src), '--out', str(out), '--corruptions',
+                                          'fog', 'snow', '--severities', '1', '5', '--columns',
+                                          '2', '--width', '64', *extra])
+        with pytest.raises(SystemExit) as exit_:
+            runpy.run_path(tool, run_name='__main__')
+        assert exit_.value.code == code
+    assert 'must be >= 1' in capsys.readouterr().err
+    grid = cv2.cvtColor(cv2.imread(str(out)), cv2.COLOR_BGR2RGB)
+    img = read_image(src)[0]
+    th = round(img.shape[0] * 64 / img.shape[1])
+    strip = 14
+    assert grid.shape == (3 * (th + strip), 2 * 64, 3)  # clean + 4 cells in 2 columns
+    for i, (name, sev) in enumerate([('fog', 1), ('fog', 5), ('snow', 1), ('snow', 5)], 1):
+        r, c = divmod(i, 2)
+        expected = cv2.resize(corrupt(img, name, sev, seed=derive_seed(0, src.name, name, sev)),
+                              (64, th), interpolation=cv2.INTER_AREA)
+        y = r * (th + strip) + strip
+        assert np.array_equal(grid[y:y + th, c * 64:(c + 1) * 64], expected), (name, sev)
+    assert np.any(grid[r * (th + strip):r * (th + strip) + strip] < 128)  # a label is drawn

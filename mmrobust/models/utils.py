@@ -128,8 +128,9 @@ def load_pretrained(model: nn.Module, checkpoint: str,
         raise InputNotFoundError(
             f'{type(model).__name__}: pretrained checkpoint {checkpoint!r} not found (resolved '
             f'from {osp.abspath(".")}). mmrobust never downloads weights: put the file there '
-            '(where each config\'s file comes from and how to convert it: README.md, "Where '
-            'each config\'s weights come from"), point init_cfg.checkpoint at it, or train '
+            '(where each config\'s file comes from and how to convert it: '
+            'docs/en/user_guides/checkpoints.md, "Where each config\'s weights come from"), '
+            'point init_cfg.checkpoint at it, or train '
             'from scratch with `--cfg-options model.backbone.init_cfg=None`.')
     raw = CheckpointLoader.load_checkpoint(checkpoint, map_location='cpu')
     dropped: Dict[str, str] = {}
