@@ -339,8 +339,8 @@ def test_image_crops_keep_the_image_scale(tmp_path):
 
 def test_seed_table_reuses_finished_seeds_and_reports_the_spread(tmp_path, capsys):
     """tools/analysis_tools/tokenizer_seeds.py: a seed whose eval.json exists is not trained
-    again (a killed run resumes at the next seed); the table has every seed, the spread and
-    the CPU."""
+    again (a killed run resumes at the next seed); the table has every seed with the PSNR at
+    each validation of its run, the spread and the CPU."""
     import runpy
     import sys
     from unittest import mock
@@ -349,14 +349,20 @@ def test_seed_table_reuses_finished_seeds_and_reports_the_spread(tmp_path, capsy
         (tmp_path / f'seed_{seed}' / 'eval.json').write_text(json.dumps(dict(
             iters=1500, seconds=300.0, psnr=psnr, psnr_mean_image=15.62, psnr_blur=22.71,
             perplexity=150.2, used_codes=220)))
+    # the run's scalars: training rows, then a validation row per val_interval
+    vis = tmp_path / 'seed_0' / '20261205_120000' / 'vis_data'
+    vis.mkdir(parents=True)
+    vis.joinpath('scalars.json').write_text('\n'.join(json.dumps(row) for row in (
+        {'loss': 0.1, 'step': 50}, {'vq/psnr': 14.21, 'step': 300}, {'loss': 0.05, 'step': 350},
+        {'vq/psnr': 17.93, 'step': 600}, {'vq/psnr': 19.25, 'step': 1500})) + '\n')
     argv = ['tokenizer_seeds.py', '--seeds', '0', '1', '--work-dir', str(tmp_path)]
     with mock.patch.object(sys, 'argv', argv), pytest.raises(SystemExit) as exit_:
         runpy.run_path(str(REPO / 'tools' / 'analysis_tools' / 'tokenizer_seeds.py'),
                        run_name='__main__')
     out = capsys.readouterr().out
     assert exit_.value.code == 0 and 'seed 0:' not in out  # nothing trained
-    assert '| 0 | 19.25 dB | 220 | 150 | 15.62 dB | 22.71 dB | 300 |' in out
-    assert '| 1 | 18.50 dB |' in out
+    assert '| 0 | 19.25 dB | 220 | 150 | 15.62 dB | 22.71 dB | 300 | 14.2, 17.9, 19.2 |' in out
+    assert '| 1 | 18.50 dB |' in out and '| 300 | - |' in out  # no run log: no trajectory
     assert 'PSNR: min 18.50 dB, max 19.25 dB, spread 0.75 dB over 2 seeds' in out
     assert 'CPU: ' in out and 'cores' in out
 
