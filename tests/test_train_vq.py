@@ -398,3 +398,31 @@ def test_the_recipe_check_fails_a_recipe_that_learns_too_little(recipe, psnr, pa
         assert_user_error(exit_.value.code, err, 1, 'seed(s) 0 (+0.45 dB)',
                           '--min-margin asks for +2.00 dB')
         assert '1 (+1.69 dB)' in err  # every seed short of the margin is listed
+
+
+def test_validation_during_the_warm_up_measures_the_autoencoder():
+    """Before the codebook exists (ae_warmup), validation reconstructs with the quantiser
+    bypassed, as the warm-up trains; once it exists, through the codes."""
+    model = _trainer(ae_warmup=2).eval()
+    images = torch.rand(2, 3, 32, 32)
+    vq = model.vqgan
+    # codes far from any latent: the two paths must give different reconstructions
+    model.codebook.data.normal_(0, 50, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model.val_step({'inputs': images})
+        autoencoder = vq.decode_latent(vq.encode_latent(images))
+        assert before[0]['sq_err_recon'] == pytest.approx(
+            float((autoencoder[0] - images[0]).pow(2).sum()), rel=1e-5)
+        model.state.codebook_ready.fill_(True)
+        after = model.val_step({'inputs': images})
+        quantised = vq.decode(vq.encode(images)).clamp(0, 1)
+        assert after[0]['sq_err_recon'] == pytest.approx(
+            float((quantised[0] - images[0]).pow(2).sum()), rel=1e-5)
+    assert before[0]['sq_err_recon'] != pytest.approx(after[0]['sq_err_recon'], rel=1e-3)
+    # without a warm-up nothing changes: the codes from the first validation on
+    plain = _trainer().eval()
+    with torch.no_grad():
+        out = plain.val_step({'inputs': images})
+        expected = plain.vqgan.decode(plain.vqgan.encode(images)).clamp(0, 1)
+    assert out[0]['sq_err_recon'] == pytest.approx(
+        float((expected[0] - images[0]).pow(2).sum()), rel=1e-5)

@@ -20,6 +20,7 @@ optimizers), :class:`~mmrobust.evaluation.VQReconstructionMetric` (held-out PSNR
 used codes) and :class:`~mmrobust.engine.TokenizerExportHook` (``tokenizer.pth``, ``eval.json``
 and reconstruction previews in the work dir).
 """
+import logging
 import math
 from typing import Dict, List, Optional, Union
 
@@ -27,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from mmengine.logging import MessageHub
+from mmengine.logging import MessageHub, print_log
 from mmengine.model import BaseModel, is_model_wrapper
 from mmengine.optim import OptimWrapper, OptimWrapperDict
 
@@ -166,6 +167,7 @@ class VQTokenizerTrainer(BaseModel):
         self.recon_loss, self.codebook_ema = recon_loss, float(codebook_ema)
         self.gan_weight, self.gan_start = float(gan_weight), int(gan_start)
         self.dead_code_interval, self.seed = int(dead_code_interval), int(seed)
+        self._warned_warmup_val = False
 
     # -- helpers -----------------------------------------------------------------------------------
     @property
@@ -326,11 +328,24 @@ class VQTokenizerTrainer(BaseModel):
     @torch.no_grad()
     def val_step(self, data: Union[dict, tuple, list]) -> List[dict]:
         """Per image: squared error of the reconstruction and of two trivial baselines (the
-        image's mean colour; its blur to the code grid), and its codes."""
+        image's mean colour; its blur to the code grid), and its codes.
+
+        During the autoencoder warm-up (``ae_warmup``, before the codebook is initialised) the
+        reconstruction is the autoencoder's, the quantiser bypassed: through the codebook it
+        would measure codes that do not exist yet. The log says which it is."""
         images = self.data_preprocessor(data, False)['inputs']
         vq = self.vqgan
         codes = vq.encode(images)
-        recon = vq.decode(codes).clamp(0, 1)
+        if self.ae_warmup and not bool(self.state.codebook_ready):
+            if not self._warned_warmup_val:
+                print_log('validation during the autoencoder warm-up: vq/psnr is the '
+                          'reconstruction with the quantiser bypassed (no codebook yet); '
+                          'codes and perplexity are those of the uninitialised codebook',
+                          logger='current', level=logging.INFO)
+                self._warned_warmup_val = True
+            recon = vq.decode_latent(vq.encode_latent(images))
+        else:
+            recon = vq.decode(codes).clamp(0, 1)
         mean = images.mean(dim=(2, 3), keepdim=True).expand_as(images)
         blur = F.interpolate(F.avg_pool2d(images, vq.factor), size=images.shape[-2:],
                              mode='bilinear', align_corners=False)
