@@ -1,13 +1,16 @@
 """Shared fixtures (the repository root, the toy datasets, a runner for the CLI tools) and the
 suite's harness: per-test time limits and the check that no test leaves a process behind."""
+import contextlib
 import ctypes
 import datetime
 import faulthandler
 import fcntl
 import gc
+import io
 import multiprocessing
 import os
 import pickle
+import runpy
 import signal
 import socket
 import subprocess
@@ -16,7 +19,8 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
+from unittest import mock
 
 import pytest
 
@@ -145,6 +149,20 @@ def run_cmd(args, timeout: float = 600, env: Optional[Dict[str, str]] = None,
 
 def run_tool(tool: str, *args, **kwargs) -> subprocess.CompletedProcess:
     return run_cmd([sys.executable, REPO / 'tools' / tool, *args], **kwargs)
+
+
+def run_tool_in_process(tool: str, *args) -> Tuple[int, str, str]:
+    """tools/TOOL run in this process as its own ``__main__`` (a subprocess would spend seconds
+    importing mmdet; the tools' start-up is tested in test_tools.py), without MMROBUST_DEBUG:
+    (exit status, stdout, stderr). An exception the tool lets through propagates."""
+    out, err = io.StringIO(), io.StringIO()
+    env = {k: v for k, v in os.environ.items() if k != 'MMROBUST_DEBUG'}
+    with mock.patch.object(sys, 'argv', [tool, *map(str, args)]), \
+            mock.patch.dict(os.environ, env, clear=True), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(REPO / 'tools' / tool), run_name='__main__')
+    return exit_.value.code, out.getvalue(), err.getvalue()
 
 
 def assert_user_error(status: int, stderr: str, code: int, *texts: str) -> str:

@@ -2,19 +2,15 @@
 docs/ and the other READMEs names a tool that exists and only options its --help lists (nothing
 runs for real: each tool's --help runs in this process), and every relative link and image
 resolves, anchors included."""
-import contextlib
 import functools
-import io
 import re
-import runpy
 import shlex
-import sys
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_tool_in_process
 
 PAGES = [REPO / 'README.md', REPO / 'CONTRIBUTING.md', REPO / 'data' / 'README.md',
          *sorted((REPO / 'configs').glob('*/README.md')), *sorted((REPO / 'docs').rglob('*.md'))]
@@ -60,17 +56,7 @@ def commands(page: Path) -> List[Tuple[str, List[str], str]]:
 @functools.lru_cache(maxsize=None)
 def help_text(tool: str, sub: str = '') -> str:
     """What ``python tools/TOOL [SUB] --help`` prints, run in this process."""
-    out = io.StringIO()
-    argv = [str(REPO / tool), *([sub] if sub else []), '--help']
-    saved = sys.argv
-    sys.argv = argv
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()), \
-                pytest.raises(SystemExit):
-            runpy.run_path(str(REPO / tool), run_name='__main__')
-    finally:
-        sys.argv = saved
-    return out.getvalue()
+    return run_tool_in_process(tool[len('tools/'):], *([sub] if sub else []), '--help')[1]
 
 
 def _options(args: List[str]) -> Set[str]:

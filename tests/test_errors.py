@@ -7,8 +7,9 @@ case); test_strict_load (a checkpoint of another architecture, four tools), test
 locked results file, an unknown corruption), test_make_corrupted and test_tools (a missing source
 folder, dataset or checkpoint) check the same through real processes.
 """
+import contextlib
 import glob
-import runpy
+import io
 import sys
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from mmrobust.utils.errors import (
     run_tool,
 )
 
-from conftest import REPO, assert_user_error, run_cmd
+from conftest import REPO, assert_user_error, run_cmd, run_tool_in_process
 
 
 def _run(main, capsys, argv=('tool', )):
@@ -128,34 +129,30 @@ def test_a_user_error_behind_a_wrapper_or_a_worker(capsys, monkeypatch):
     assert err.startswith('error: image b.png does not exist\n')
 
 
-def _tool(tool: str, capsys, *args):
-    """A tool run in-process as its own __main__: (exit status, stderr)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sys, 'argv', [tool, *map(str, args)])
-        mp.delenv('MMROBUST_DEBUG', raising=False)
-        with pytest.raises(SystemExit) as exit_:
-            runpy.run_path(str(REPO / 'tools' / tool), run_name='__main__')
-    return exit_.value.code, capsys.readouterr().err
+def _tool(tool: str, *args):
+    """(exit status, stderr) of a tool run in-process."""
+    status, _, err = run_tool_in_process(tool, *args)
+    return status, err
 
 
-def test_the_issue_cases_through_their_tools(toy_data, tmp_path, capsys):
+def test_the_issue_cases_through_their_tools(toy_data, tmp_path):
     src = toy_data['toy_coco'] / 'val2017'
-    status, err = _tool('make_corrupted.py', capsys, src, tmp_path / 'o', '--corruptions', 'fogg')
+    status, err = _tool('make_corrupted.py', src, tmp_path / 'o', '--corruptions', 'fogg')
     assert_user_error(status, err, 2, "Unknown corruption 'fogg'", 'fog, brightness')
-    status, err = _tool('make_corrupted.py', capsys, src, tmp_path / 'o', '--severities', '7')
+    status, err = _tool('make_corrupted.py', src, tmp_path / 'o', '--severities', '7')
     assert_user_error(status, err, 2, 'Severities must be in 1..5, got [7]')
-    status, err = _tool('make_corrupted.py', capsys, tmp_path / 'nope', tmp_path / 'o')
+    status, err = _tool('make_corrupted.py', tmp_path / 'nope', tmp_path / 'o')
     assert_user_error(status, err, 1, f'{tmp_path / "nope"} does not exist')
-    status, err = _tool('test_robustness.py', capsys, 'configs/toy/mask-rcnn_r18_fpn_toy-coco.py',
+    status, err = _tool('test_robustness.py', 'configs/toy/mask-rcnn_r18_fpn_toy-coco.py',
                         tmp_path / 'x.pth', '--corruptions', 'fog')
     assert_user_error(status, err, 1, f"checkpoint '{tmp_path / 'x.pth'}' does not exist")
-    status, err = _tool('test_robustness.py', capsys, 'configs/toy/mask-rcnn_r18_fpn_toy-coco.py',
+    status, err = _tool('test_robustness.py', 'configs/toy/mask-rcnn_r18_fpn_toy-coco.py',
                         tmp_path / 'x.pth', '--epsilons', '0.01')
     assert_user_error(status, err, 2, '--epsilons needs --attacks')
     assert not (tmp_path / 'o').exists()
 
 
-def test_an_internal_error_keeps_its_traceback(toy_data, tmp_path, capsys, monkeypatch):
+def test_an_internal_error_keeps_its_traceback(toy_data, tmp_path, monkeypatch):
     """A fault injected into a corruption is a bug, not the user's: it propagates (the
     traceback), no error: line."""
     import mmrobust.corruptions.generate as generate
@@ -164,11 +161,12 @@ def test_an_internal_error_keeps_its_traceback(toy_data, tmp_path, capsys, monke
         raise ZeroDivisionError('injected fault')
     monkeypatch.setattr(generate, 'corrupt', faulty)
     src = toy_data['toy_coco'] / 'val2017'
-    with pytest.raises(generate.CorruptionWriteError) as info:
-        _tool('make_corrupted.py', capsys, src, tmp_path / 'o', '--corruptions', 'fog',
+    err = io.StringIO()
+    with pytest.raises(generate.CorruptionWriteError) as info, contextlib.redirect_stderr(err):
+        _tool('make_corrupted.py', src, tmp_path / 'o', '--corruptions', 'fog',
               '--severities', '1', '--workers', '1')
     assert isinstance(info.value.__cause__, ZeroDivisionError)
-    assert 'error:' not in capsys.readouterr().err
+    assert 'error:' not in err.getvalue()
 
 
 def test_a_real_process_shows_the_traceback_with_debug(tmp_path):

@@ -18,7 +18,7 @@ from mmrobust.corruptions import corrupt, derive_seed
 from mmrobust.corruptions.generate import MANIFEST, read_image
 from mmrobust.utils.errors import ConfigError
 
-from conftest import REPO, assert_user_error, run_tool
+from conftest import REPO, assert_user_error, run_tool, run_tool_in_process
 
 CELLS = ['--corruptions', 'gaussian_noise', 'glass_blur', 'zoom_blur', '--severities', '2', '5']
 
@@ -237,23 +237,19 @@ def test_corrupt_transform_errors():
     assert cv2 is not None
 
 
-def test_corruption_grid_shows_what_make_corrupted_writes(toy_data, tmp_path, capsys,
-                                                          monkeypatch):
+def test_corruption_grid_shows_what_make_corrupted_writes(toy_data, tmp_path):
     """tools/analysis_tools/corruption_grid.py (in-process): the clean tile, then one per cell,
     each seeded as make_corrupted.py seeds that file, labelled, in --columns columns."""
-    import runpy
     src = sorted((toy_data['toy_coco'] / 'val2017').iterdir())[0]
-    tool = str(REPO / 'tools' / 'analysis_tools' / 'corruption_grid.py')
     out = tmp_path / 'grid.png'
-    monkeypatch.delenv('MMROBUST_DEBUG', raising=False)
-    for extra, code in (([], 0), (['--columns', '0'], 2)):
-        monkeypatch.setattr(sys, 'argv', [tool, str(src), '--out', str(out), '--corruptions',
-                                          'fog', 'snow', '--severities', '1', '5', '--columns',
-                                          '2', '--width', '64', *extra])
-        with pytest.raises(SystemExit) as exit_:
-            runpy.run_path(tool, run_name='__main__')
-        assert exit_.value.code == code
-    assert 'must be >= 1' in capsys.readouterr().err
+    args = [src, '--out', out, '--corruptions', 'fog', 'snow', '--severities', '1', '5',
+            '--width', '64']
+    status, _, err = run_tool_in_process('analysis_tools/corruption_grid.py', *args,
+                                         '--columns', '0')
+    assert_user_error(status, err, 2, 'must be >= 1')
+    status, _, _ = run_tool_in_process('analysis_tools/corruption_grid.py', *args,
+                                       '--columns', '2')
+    assert status == 0
     grid = cv2.cvtColor(cv2.imread(str(out)), cv2.COLOR_BGR2RGB)
     img = read_image(src)[0]
     th = round(img.shape[0] * 64 / img.shape[1])

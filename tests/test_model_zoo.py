@@ -4,14 +4,9 @@ tools/analysis_tools/model_zoo.py.
 The parameter count of every entry whose config is a model config is checked where the config
 is built anyway (tests/test_configs.py); the tokenizer recipes are built here.
 """
-import contextlib
-import io
 import json
 import os.path as osp
-import runpy
 import shutil
-import sys
-from unittest import mock
 
 import pytest
 import yaml
@@ -32,7 +27,7 @@ from mmrobust.apis.model_zoo import (
     update_readme,
 )
 
-from conftest import ALL_CONFIGS, REPO
+from conftest import ALL_CONFIGS, REPO, run_tool_in_process
 
 ZOO_FOLDERS = ('fan', 'drvit', 'efficientdet', 'yolo', 'tokenizers')
 ENTRIES = load_zoo(str(REPO))
@@ -225,15 +220,7 @@ def test_results_are_checked_against_the_published_target(tmp_path):
 
 
 def _zoo_tool(*args):
-    """tools/analysis_tools/model_zoo.py run in this process (a subprocess would spend ~5 s
-    importing mmdet; the tools' start-up is tested in test_tools.py): status, stdout, stderr."""
-    out, err = io.StringIO(), io.StringIO()
-    with mock.patch.object(sys, 'argv', ['model_zoo.py', *map(str, args)]), \
-            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-            pytest.raises(SystemExit) as exit_:
-        runpy.run_path(str(REPO / 'tools' / 'analysis_tools' / 'model_zoo.py'),
-                       run_name='__main__')
-    return exit_.value.code, out.getvalue(), err.getvalue()
+    return run_tool_in_process('analysis_tools/model_zoo.py', *args)
 
 
 def test_tool_prints_and_filters_the_zoo():

@@ -23,7 +23,14 @@ from mmrobust.evaluation import (
 )
 from mmrobust.evaluation.report import load_results, summary_markdown
 
-from conftest import DEMO_DET_CFG, REPO, assert_user_error, run_cmd, run_tool
+from conftest import (
+    DEMO_DET_CFG,
+    REPO,
+    assert_user_error,
+    run_cmd,
+    run_tool,
+    run_tool_in_process,
+)
 
 DET_CFG = DEMO_DET_CFG  # the configuration of `trained_toy_detector`'s checkpoint
 SEG_CFG = 'configs/toy/segformer_mit-b0_toy-cityscapes.py'
@@ -435,15 +442,11 @@ def test_attack_cells_beside_corruptions_report_and_two_processes(toy_data, tmp_
     (['--attacks', 'pgd_linf'], 'attacks need their budgets'),
     (['--epsilons', '1/255'], '--epsilons needs --attacks'),
 ])
-def test_bad_attack_arguments_stop_before_anything_is_built(args, message, tmp_path,
-                                                            monkeypatch, capsys):
-    import runpy
-    tool = str(REPO / 'tools' / 'test_robustness.py')
-    monkeypatch.setattr('sys.argv', [tool, SEG_CFG, str(tmp_path / 'none.pth'), *args])
-    monkeypatch.delenv('MMROBUST_DEBUG', raising=False)
-    with pytest.raises(SystemExit) as stop:  # NOTE: in this process: no interpreter start-up
-        runpy.run_path(tool, run_name='__main__')
-    assert_user_error(stop.value.code, capsys.readouterr().err, 2, message)
+def test_bad_attack_arguments_stop_before_anything_is_built(args, message, tmp_path):
+    # NOTE: in this process: no interpreter start-up
+    status, _, err = run_tool_in_process('test_robustness.py', SEG_CFG, tmp_path / 'none.pth',
+                                         *args)
+    assert_user_error(status, err, 2, message)
 
 
 @pytest.mark.slow

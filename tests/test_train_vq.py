@@ -24,6 +24,7 @@ from conftest import (
     run_cmd,
     run_ranks,
     run_tool,
+    run_tool_in_process,
 )
 from cpu_sync_bn import convert_to_cpu_sync_bn
 
@@ -337,13 +338,10 @@ def test_image_crops_keep_the_image_scale(tmp_path):
         ImageCrops(paths, 32, train=True, scale_range=(1.0, 0.5))
 
 
-def test_seed_table_reuses_finished_seeds_and_reports_the_spread(tmp_path, capsys):
+def test_seed_table_reuses_finished_seeds_and_reports_the_spread(tmp_path):
     """tools/analysis_tools/tokenizer_seeds.py: a seed whose eval.json exists is not trained
     again (a killed run resumes at the next seed); the table has every seed with the PSNR at
     each validation of its run, the spread and the CPU."""
-    import runpy
-    import sys
-    from unittest import mock
     for seed, psnr in ((0, 19.25), (1, 18.5)):
         (tmp_path / f'seed_{seed}').mkdir()
         (tmp_path / f'seed_{seed}' / 'eval.json').write_text(json.dumps(dict(
@@ -355,12 +353,9 @@ def test_seed_table_reuses_finished_seeds_and_reports_the_spread(tmp_path, capsy
     vis.joinpath('scalars.json').write_text('\n'.join(json.dumps(row) for row in (
         {'loss': 0.1, 'step': 50}, {'vq/psnr': 14.21, 'step': 300}, {'loss': 0.05, 'step': 350},
         {'vq/psnr': 17.93, 'step': 600}, {'vq/psnr': 19.25, 'step': 1500})) + '\n')
-    argv = ['tokenizer_seeds.py', '--seeds', '0', '1', '--work-dir', str(tmp_path)]
-    with mock.patch.object(sys, 'argv', argv), pytest.raises(SystemExit) as exit_:
-        runpy.run_path(str(REPO / 'tools' / 'analysis_tools' / 'tokenizer_seeds.py'),
-                       run_name='__main__')
-    out = capsys.readouterr().out
-    assert exit_.value.code == 0 and 'seed 0:' not in out  # nothing trained
+    status, out, _ = run_tool_in_process('analysis_tools/tokenizer_seeds.py', '--seeds', '0',
+                                         '1', '--work-dir', tmp_path)
+    assert status == 0 and 'seed 0:' not in out  # nothing trained
     assert '| 0 | 19.25 dB | 220 | 150 | 15.62 dB | 22.71 dB | 300 | 14.2, 17.9, 19.2 |' in out
     assert '| 1 | 18.50 dB |' in out and '| 300 | - |' in out  # no run log: no trajectory
     assert 'PSNR: min 18.50 dB, max 19.25 dB, spread 0.75 dB over 2 seeds' in out
@@ -371,31 +366,23 @@ def test_seed_table_reuses_finished_seeds_and_reports_the_spread(tmp_path, capsy
     ('current (seeds 0-2, README figures)', (18.78, 18.83, 22.03), True),
     ('former: Adam 1e-3, no warm-up (seeds 0-1)', (16.07, 17.31), False),
 ])
-def test_the_recipe_check_fails_a_recipe_that_learns_too_little(recipe, psnr, passes, tmp_path,
-                                                                capsys, monkeypatch):
+def test_the_recipe_check_fails_a_recipe_that_learns_too_little(recipe, psnr, passes, tmp_path):
     """tokenizer_seeds.py --min-margin 2: a seed less than 2 dB above the mean-colour baseline
     (15.62 dB on the held-out crops) fails the check, with the seed and its margin. The
     recorded held-out PSNR of the former recipe fails it, the current recipe's passes."""
-    import runpy
-    import sys
     for seed, value in enumerate(psnr):
         (tmp_path / f'seed_{seed}').mkdir()
         (tmp_path / f'seed_{seed}' / 'eval.json').write_text(json.dumps(dict(
             iters=1500, seconds=520.0, psnr=value, psnr_mean_image=15.62, psnr_blur=22.71,
             perplexity=150.0, used_codes=200)))
-    argv = ['tokenizer_seeds.py', '--seeds', *map(str, range(len(psnr))), '--work-dir',
-            str(tmp_path), '--min-margin', '2']
-    monkeypatch.setattr(sys, 'argv', argv)
-    monkeypatch.delenv('MMROBUST_DEBUG', raising=False)
-    with pytest.raises(SystemExit) as exit_:
-        runpy.run_path(str(REPO / 'tools' / 'analysis_tools' / 'tokenizer_seeds.py'),
-                       run_name='__main__')
-    out, err = capsys.readouterr()
+    status, out, err = run_tool_in_process(
+        'analysis_tools/tokenizer_seeds.py', '--seeds', *range(len(psnr)), '--work-dir',
+        tmp_path, '--min-margin', '2')
     if passes:
-        assert exit_.value.code == 0
+        assert status == 0
         assert 'every seed at least 2.00 dB above the mean-colour baseline' in out
     else:
-        assert_user_error(exit_.value.code, err, 1, 'seed(s) 0 (+0.45 dB)',
+        assert_user_error(status, err, 1, 'seed(s) 0 (+0.45 dB)',
                           '--min-margin asks for +2.00 dB')
         assert '1 (+1.69 dB)' in err  # every seed short of the margin is listed
 
