@@ -1,6 +1,7 @@
 """Tokenizer training with mmengine's Runner (VQTokenizerTrainer): tools/train_vq.py and
 tools/train.py, resume, DDP, AMP, and its output loading into VQGAN strictly."""
 import json
+from unittest import mock
 
 import pytest
 import torch
@@ -281,9 +282,36 @@ def test_kmeans_init_finds_the_clusters_of_the_latents():
 
 def mock_encode(model, latents):
     """The encoder's latents of any image batch: `latents` (N, D) as one 1 x N grid."""
-    from unittest import mock
     grid = latents.t().reshape(1, latents.shape[1], 1, len(latents))
     return mock.patch.object(model.vqgan, 'encode_latent', lambda images: grid)
+
+
+def test_zero_init_output_starts_grey_and_yields_to_a_loaded_tokenizer(tmp_path):
+    """zero_init_output: a tokenizer trained from scratch reconstructs flat grey at first, and
+    its first step moves the last convolution; a tokenizer given a checkpoint keeps it, and
+    the log says so; an init_cfg checkpoint (loaded by init_weights) replaces the zeros."""
+    model = _trainer(zero_init_output=True, ae_warmup=2)
+    conv = model.vqgan.decoder.conv_out
+    assert not conv.weight.any() and not conv.bias.any()
+    images = torch.rand(2, 3, 32, 32)
+    recon, _, _ = model.tokenizer(images, quantize=False)
+    assert torch.equal(recon, torch.full_like(recon, 0.5))
+    adam = dict(type='OptimWrapper', optimizer=dict(type='Adam', lr=1e-3))
+    _step(model, VQOptimWrapperConstructor(dict(generator=adam))(model), 0, images)
+    assert conv.weight.any()
+    default = _trainer().vqgan.decoder.conv_out.weight
+    assert default.abs().min() > 0  # off by default: the usual initialisation
+    path = tmp_path / 'tok.pth'
+    torch.save(_trainer().vqgan.state_dict(), path)
+    with mock.patch('mmrobust.models.tokenizers.trainer.print_log') as log:
+        loaded = VQTokenizerTrainer(dict(type='VQGAN', arch=_small_arch(),
+                                         checkpoint=str(path)), zero_init_output=True)
+    assert torch.equal(loaded.vqgan.decoder.conv_out.weight, default)
+    assert 'decoder keeps the loaded weights' in log.call_args.args[0]
+    later = VQTokenizerTrainer(dict(type='VQGAN', arch=_small_arch(), init_cfg=dict(
+        type='Pretrained', checkpoint=str(path))), zero_init_output=True)
+    later.init_weights()
+    assert torch.equal(later.vqgan.decoder.conv_out.weight, default)
 
 
 def test_trainer_refuses_bad_warmup_settings():

@@ -135,6 +135,12 @@ class VQTokenizerTrainer(BaseModel):
             from trained latents is used from the first quantised step, where codes of the
             untrained encoder go stale as it learns.
         kmeans_iters: Lloyd iterations of that initialisation.
+        zero_init_output: start the decoder's last convolution at zero (a tokenizer trained
+            from scratch; a ``checkpoint`` / ``init_cfg`` of the tokenizer config is loaded
+            over it). Its reconstruction then starts as flat grey instead of the random
+            colour field of an untrained decoder. The toy recipe leaves it off: it helped two
+            of three seeds and sank the third below the mean-colour baseline
+            (docs/en/notes/benchmarks.md).
         seed: seeds the code restarts and the k-means per iteration (a resumed run restarts the
             same codes).
         data_preprocessor: moves the [0, 1] image batch to the device.
@@ -142,8 +148,8 @@ class VQTokenizerTrainer(BaseModel):
 
     def __init__(self, tokenizer: dict, recon_loss: str = 'l1', codebook_ema: float = 0.0,
                  gan_weight: float = 0.0, gan_start: int = 0, dead_code_interval: int = 100,
-                 ae_warmup: int = 0, kmeans_iters: int = 10, seed: int = 0,
-                 data_preprocessor: Optional[dict] = None,
+                 ae_warmup: int = 0, kmeans_iters: int = 10, zero_init_output: bool = False,
+                 seed: int = 0, data_preprocessor: Optional[dict] = None,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(data_preprocessor=data_preprocessor or dict(type='BaseDataPreprocessor'),
                          init_cfg=init_cfg)
@@ -158,6 +164,14 @@ class VQTokenizerTrainer(BaseModel):
                              f'got {ae_warmup} and {kmeans_iters}')
         self.tokenizer = MODELS.build(tokenizer)
         tok = self.tokenizer
+        if zero_init_output:
+            if tokenizer.get('checkpoint'):  # NOTE: loaded in the constructor, kept
+                print_log('zero_init_output: the tokenizer was loaded from a checkpoint; its '
+                          'decoder keeps the loaded weights', logger='current',
+                          level=logging.WARNING)
+            else:  # an init_cfg checkpoint, loaded by init_weights() later, replaces it
+                nn.init.zeros_(tok.decoder.conv_out.weight)
+                nn.init.zeros_(tok.decoder.conv_out.bias)
         # NOTE: 4 latents per code, so that k-means has enough points to place every code
         self.loss = _TrainingState(tok.n_embed, tok.embed_dim, gan_weight > 0, codebook_ema > 0,
                                    bank_size=4 * tok.n_embed if ae_warmup else 0)
