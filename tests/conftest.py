@@ -154,14 +154,20 @@ def run_tool(tool: str, *args, **kwargs) -> subprocess.CompletedProcess:
 def run_tool_in_process(tool: str, *args) -> Tuple[int, str, str]:
     """tools/TOOL run in this process as its own ``__main__`` (a subprocess would spend seconds
     importing mmdet; the tools' start-up is tested in test_tools.py), without MMROBUST_DEBUG:
-    (exit status, stdout, stderr). An exception the tool lets through propagates."""
+    (exit status, stdout, stderr). An exception the tool lets through propagates, and what the
+    tool printed before it goes to the real streams (capsys reads it)."""
     out, err = io.StringIO(), io.StringIO()
     env = {k: v for k, v in os.environ.items() if k != 'MMROBUST_DEBUG'}
-    with mock.patch.object(sys, 'argv', [tool, *map(str, args)]), \
-            mock.patch.dict(os.environ, env, clear=True), \
-            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-            pytest.raises(SystemExit) as exit_:
-        runpy.run_path(str(REPO / 'tools' / tool), run_name='__main__')
+    try:
+        with mock.patch.object(sys, 'argv', [tool, *map(str, args)]), \
+                mock.patch.dict(os.environ, env, clear=True), \
+                contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                pytest.raises(SystemExit) as exit_:
+            runpy.run_path(str(REPO / 'tools' / tool), run_name='__main__')
+    except BaseException:
+        sys.stdout.write(out.getvalue())
+        sys.stderr.write(err.getvalue())
+        raise
     return exit_.value.code, out.getvalue(), err.getvalue()
 
 

@@ -349,7 +349,8 @@ class VQTokenizerTrainer(BaseModel):
         would measure codes that do not exist yet. The log says which it is."""
         images = self.data_preprocessor(data, False)['inputs']
         vq = self.vqgan
-        codes = vq.encode(images)
+        latents = vq.encode_latent(images)  # NOTE: once, for the codes and either reconstruction
+        codes = vq.quantize.indices(latents)
         if self.ae_warmup and not bool(self.state.codebook_ready):
             if not self._warned_warmup_val:
                 print_log('validation during the autoencoder warm-up: vq/psnr is the '
@@ -357,7 +358,7 @@ class VQTokenizerTrainer(BaseModel):
                           'codes and perplexity are those of the uninitialised codebook',
                           logger='current', level=logging.INFO)
                 self._warned_warmup_val = True
-            recon = vq.decode_latent(vq.encode_latent(images))
+            recon = vq.decode_latent(latents)
         else:
             recon = vq.decode(codes).clamp(0, 1)
         mean = images.mean(dim=(2, 3), keepdim=True).expand_as(images)
