@@ -37,6 +37,61 @@ def test_saved_predictions_of_another_evaluation_are_not_used(tmp_path):
     assert sorted(Path(p).name for p in foreign) == ['broken_1.pkl', 'fog_1.pkl']
 
 
+def test_predictions_round_trip_through_the_restricted_loader(tmp_path):
+    import numpy as np
+    import torch
+
+    from mmrobust.evaluation.background import load_cell_predictions
+    parts = [[{'bboxes': np.arange(8, dtype=np.float32).reshape(2, 4),
+               'labels': np.array([1, 2]), 'score': np.float32(0.5),
+               'masks': [{'size': [4, 5], 'counts': b'\x01abc'}]}],
+             [(torch.arange(4.0), torch.ones(3, dtype=torch.bfloat16)[1:], 'a.png')]]
+    path = predictions_path(str(tmp_path), 'fog', 3)
+    save_cell_predictions(path, 'id', 'fog', 3, parts, {'classes': ('a', 'b')}, {'s': 1.0})
+    got = load_cell_predictions(path)
+    assert got['cell'] == ['fog', 3] and got['identity_sha256'] == 'id'
+    assert got['dataset_meta'] == {'classes': ('a', 'b')} and got['timing'] == {'s': 1.0}
+    det, seg = got['parts']
+    assert np.array_equal(det[0]['bboxes'], parts[0][0]['bboxes'])
+    assert det[0]['masks'] == parts[0][0]['masks'] and det[0]['score'] == np.float32(0.5)
+    assert torch.equal(seg[0][0], torch.arange(4.0)) and seg[0][2] == 'a.png'
+    assert seg[0][1].dtype == torch.bfloat16 and torch.equal(seg[0][1], torch.ones(2).bfloat16())
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ('echo pwned',))
+
+
+def test_predictions_headers_are_read_without_unpickling_and_payloads_safely(tmp_path):
+    """saved_cells reads a small header per file (never the payload); a payload naming
+    anything but data is refused by the loader, nothing of it runs."""
+    import pickle
+
+    from mmrobust.evaluation.background import PREDICTIONS_FORMAT, load_cell_predictions
+    path = tmp_path / 'fog_3.pkl'
+    header = {'format': PREDICTIONS_FORMAT, 'identity_sha256': 'a', 'cell': ['fog', 3]}
+    path.write_bytes(json.dumps(header).encode() + b'\n' + pickle.dumps({'parts': [_Evil()]}))
+    found, unused = saved_cells(str(tmp_path), 'a')
+    assert found == {('fog', 3): str(path)} and unused == []
+    with pytest.raises(pickle.UnpicklingError, match='posix.system|os.system'):
+        load_cell_predictions(str(path))
+
+
+def test_orphan_and_old_format_predictions_are_not_used(tmp_path):
+    """A file of this evaluation whose cell it does not plan (an attack cell after a rerun
+    without attacks), and a file in the old general-pickle format, are listed as unused."""
+    import pickle
+    save_cell_predictions(predictions_path(str(tmp_path), 'pgd_linf', 1), 'a', 'pgd_linf', 1,
+                          [[]], {}, {})
+    save_cell_predictions(predictions_path(str(tmp_path), 'fog', 1), 'a', 'fog', 1, [[]], {}, {})
+    (tmp_path / 'snow_1.pkl').write_bytes(pickle.dumps({
+        'format': 'mmrobust-cell-predictions/1', 'identity_sha256': 'a', 'cell': ['snow', 1]}))
+    found, unused = saved_cells(str(tmp_path), 'a', [('clean', 0), ('fog', 1), ('snow', 1)])
+    assert found == {('fog', 1): str(tmp_path / 'fog_1.pkl')}
+    assert sorted(Path(p).name for p in unused) == ['pgd_linf_1.pkl', 'snow_1.pkl']
+
+
 def test_results_are_read_with_their_format_checked(tmp_path):
     path = tmp_path / 'r.json'
     path.write_text(json.dumps({'format': RESULTS_FORMAT, 'cells': {

@@ -306,3 +306,53 @@ def test_robust_metric_processes_masks_as_mmdet_does(synthetic):
         assert gt_a == gt_b and a['masks'] == b['masks']
         assert all(np.array_equal(a[k], b[k]) for k in ('bboxes', 'scores', 'labels'))
     assert isinstance(samples[0]['pred_instances']['masks'], torch.Tensor)  # left as it was
+
+
+def _shuffled_categories(synthetic, tmp_path) -> str:
+    """The synthetic ground truth with its categories listed out of id order (Objects365 v1)."""
+    path, gt, _ = synthetic
+    shuffled = copy.deepcopy(gt)
+    shuffled['categories'] = shuffled['categories'][::-1]
+    out = tmp_path / 'gt_unsorted.json'
+    out.write_text(json.dumps(shuffled))
+    return str(out)
+
+
+@pytest.mark.parametrize('backend', sorted(COCO_BACKENDS))
+def test_sort_categories_is_honoured_as_mmdet_does(synthetic, tmp_path, backend):
+    from mmdet.evaluation import CocoMetric
+    path, gt, dets = synthetic
+    unsorted = _shuffled_categories(synthetic, tmp_path)
+    meta = {'classes': tuple(c['name'] for c in gt['categories'])}
+    values = []
+    for metric in (CocoMetric(ann_file=unsorted, metric='bbox', sort_categories=True),
+                   RobustCocoMetric(backend=backend, ann_file=unsorted, metric='bbox',
+                                    sort_categories=True)):
+        metric.dataset_meta = meta
+        metric.process({}, _samples(dets[:40]))
+        values.append(metric.evaluate(40))
+    assert values[0]['coco/bbox_mAP'] > 0.03
+    assert values[1] == pytest.approx(values[0], abs=1e-3)
+
+
+@pytest.mark.parametrize('backend', sorted(COCO_BACKENDS))
+def test_a_cell_without_any_detection_scores_zero(synthetic, backend):
+    path, gt, dets = synthetic
+    meta = {'classes': tuple(c['name'] for c in gt['categories'])}
+    empty = []
+    for d in dets[:20]:
+        h, w = d['ori_shape']
+        empty.append({**d, 'bboxes': np.zeros((0, 4), np.float32),
+                      'scores': np.zeros(0, np.float32), 'labels': np.zeros(0, np.int64),
+                      'masks': torch.zeros((0, h, w), dtype=torch.bool)})
+    metric = RobustCocoMetric(backend=backend, ann_file=path, metric=['bbox', 'segm'],
+                              per_image=True)
+    metric.dataset_meta = meta
+    metric.process({}, _samples(empty))
+    values = metric.compute_metrics(metric.results)
+    for iou in ('bbox', 'segm'):
+        for item in ('mAP', 'mAP_50', 'mAP_75'):
+            assert values[f'{iou}_{item}'] == 0.0, (backend, iou, item)
+    # the per-image matching of the empty cell is there too, so the bootstrap counts it
+    from mmrobust.evaluation.per_image import PER_IMAGE_KEY
+    assert [b['metric_prefix'] for b in values[PER_IMAGE_KEY]] == ['bbox_', 'segm_']

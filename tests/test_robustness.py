@@ -468,3 +468,12 @@ def test_detector_attack_cells_run_and_resume(toy_data, tmp_path):
     before = results.read_text()
     run_tool('test_robustness.py', *args)
     assert json.loads(results.read_text())['timing'] == json.loads(before)['timing']
+    # other budgets or steps on the same file: refused (before, the file was relabelled with
+    # the new settings and kept the old numbers)
+    before = results.read_text()
+    for changed in (['--epsilons', '0', '8/255'], ['--attack-steps', '2']):
+        at = args.index(changed[0])
+        rerun = args[:at] + changed + args[at + len(changed):]
+        status, _, err = run_tool_in_process('test_robustness.py', *rerun)
+        assert_user_error(status, err, 1, 'holds results of a different evaluation (attacks:')
+    assert results.read_text() == before

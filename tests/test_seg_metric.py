@@ -16,17 +16,33 @@ def _maps(case: str, seed: int = 0):
     if case == 'out-of-range':  # labels a dataset should not have, counted as mmseg counts them
         label[:3] = 19
         label[3:5] = -1
+    if case == 'label-equals-classes':  # no -1: the value a bincount row would collide with
+        label[:3] = 19
     if case == 'all-ignored':
         label[:] = 255
     return pred, label
 
 
-@pytest.mark.parametrize('case', ['plain', 'ignore', 'out-of-range', 'all-ignored'])
+@pytest.mark.parametrize('case', ['plain', 'ignore', 'out-of-range', 'label-equals-classes',
+                                  'all-ignored'])
 def test_areas_equal_mmsegs(case):
     pred, label = _maps(case)
     expected = IoUMetric.intersect_and_union(pred, label, 19, 255)
     for got, want in zip(confusion_areas(pred, label, 19, 255), expected):
         assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_label_equal_to_num_classes_counts_its_prediction():
+    # the case: the pixel labelled 4 (= C, not ignored) keeps its prediction 3 in the
+    # prediction and union areas, as mmseg's histc counts it
+    pred = torch.tensor([0, 1, 2, 3, 1, 2])
+    label = torch.tensor([0, 1, 2, 4, 255, 4])
+    intersect, union, area_pred, area_label = confusion_areas(pred, label, 4, 255)
+    assert area_pred.tolist() == union.tolist() == [1, 1, 2, 1]
+    assert intersect.tolist() == area_label.tolist() == [1, 1, 1, 0]
+    for got, want in zip((intersect, union, area_pred, area_label),
+                         IoUMetric.intersect_and_union(pred, label, 4, 255)):
+        assert torch.equal(got, want)
 
 
 def test_metric_equals_iou_metric():

@@ -6,8 +6,13 @@ import pytest
 
 from mmrobust.evaluation.results import (
     IDENTITY_KEYS,
+    INFO_KEYS,
+    LEGACY_IDENTITY_KEYS,
     RESULTS_FORMAT,
+    RobustnessResults,
     ShardError,
+    identity_sha256,
+    make_identity,
     merge_results,
     parse_shard,
     shard_cells,
@@ -36,11 +41,29 @@ def test_a_malformed_shard_says_what_it_takes(text):
         parse_shard(text)
 
 
+PLAN = {'pgd_linf': {'epsilons': [1 / 255, 2 / 255], 'epsilon_text': ['1/255', '2/255'],
+                     'settings': {'steps': 10, 'random_start': False, 'restarts': 1, 'seed': 0}}}
+OTHER_PLAN = {'pgd_linf': {'epsilons': [4 / 255, 8 / 255], 'epsilon_text': ['4/255', '8/255'],
+                           'settings': {'steps': 40, 'random_start': False, 'restarts': 1,
+                                        'seed': 0}}}
+
+
+def _writer_identity(**overrides) -> dict:
+    """What the robustness writer records (make_identity), for a stored set with attacks."""
+    from mmrobust.corruptions import Protocol
+    args = dict(protocol=Protocol('custom', '', {'fog': (1, 2), 'snow': (1, )}), seed=0,
+                bgr_compat=False, corrupted_root='/data/c',
+                stored_set={'manifest': True, 'seed': 0, 'channel_order': 'rgb',
+                            'lossless': True, 'jpeg_quality': None, 'images': 24},
+                attacks=PLAN, config='a.py', config_sha256='c', checkpoint='',
+                scope='mmdet', shard=(0, 2),
+                checkpoint_load={'matched': 3, 'missing': [], 'unexpected': [], 'errors': []})
+    args.update(overrides)
+    return {'format': RESULTS_FORMAT, **make_identity(**args)}
+
+
 def _shard(index: int, cells: dict, **identity) -> dict:
-    base = {'format': RESULTS_FORMAT, 'protocol': 'custom',
-            'cells_planned': {'fog': [1, 2], 'snow': [1]}, 'seed': 0, 'bgr_compat': False,
-            'source': 'on-the-fly', 'config_sha256': 'c', 'checkpoint_sha256': 'k',
-            'shard': {'index': index, 'count': 2}}
+    base = _writer_identity(shard=(index, 2), attacks=None, stored_set=None, corrupted_root=None)
     base.update(identity)
     return {**base, 'cells': cells,
             'timing': {c: {s: {'wall_s': 1.0} for s in sevs} for c, sevs in cells.items()}}
@@ -60,13 +83,112 @@ def test_merged_shards_are_one_run():
     assert set(merged['timing']['fog']) == {'1', '2'}
 
 
-@pytest.mark.parametrize('key, value', [
-    ('config_sha256', 'other'), ('checkpoint_sha256', 'other'), ('protocol', 'benchmark'),
-    ('seed', 1), ('source', 'stored'), ('bgr_compat', True)])
-def test_shards_of_different_evaluations_are_refused(key, value):
-    assert key in IDENTITY_KEYS
-    with pytest.raises(ShardError, match=f'{key}: a.json has .*, b.json {value!r}'):
-        merge_results([('a.json', _shard(0, A)), ('b.json', _shard(1, B, **{key: value}))])
+def _changed(value):
+    """Another value of a recorded setting's kind."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if isinstance(value, str):
+        return value + '-other'
+    if isinstance(value, dict):
+        return {**value, 'changed': True}
+    if value is None:
+        return 'other'
+    raise AssertionError(f'no other value for {value!r}')
+
+
+RECORDED = _writer_identity()
+
+
+def test_every_recorded_setting_is_compared_or_declared_informational():
+    """A key the writer records is either compared (it changes a number) or declared not to."""
+    assert set(RECORDED) - {'format'} == set(IDENTITY_KEYS) | (set(INFO_KEYS) - {
+        'partial_load'})  # NOTE: partial_load only after a partial load
+    assert not set(IDENTITY_KEYS) & set(INFO_KEYS)
+
+
+@pytest.mark.parametrize('key', [k for k in RECORDED if k in IDENTITY_KEYS and k != 'shard'])
+def test_shards_of_different_evaluations_are_refused(key):
+    """Every recorded setting that changes a number (derived from what the writer records,
+    not from IDENTITY_KEYS) refuses the merge and changes the fingerprint of side files."""
+    first = {**RECORDED, 'cells': A}
+    other = {**RECORDED, 'cells': B, 'shard': {'index': 1, 'count': 2},
+             key: _changed(RECORDED[key])}
+    with pytest.raises(ShardError, match=f'{key}: a.json has .*, b.json'):
+        merge_results([('a.json', first), ('b.json', other)])
+    assert identity_sha256(other) != identity_sha256(RECORDED)
+
+
+@pytest.mark.parametrize('key', [k for k in RECORDED if k in INFO_KEYS and k != 'identity_keys'])
+def test_informational_keys_do_not_refuse_a_merge(key):
+    first = {**RECORDED, 'cells': A, 'attacks': None}
+    other = {**first, 'cells': B, 'shard': {'index': 1, 'count': 2}}
+    other[key] = _changed(RECORDED[key])
+    assert merge_results([('a.json', first), ('b.json', other)], allow_missing=True)['cells']
+
+
+def test_changed_attack_settings_are_refused_on_resume(tmp_path):
+    """The issue's run: --epsilons 1/255 2/255, then 4/255 8/255 with 40 steps on one file."""
+    from mmrobust.utils.io import ResultsMismatchError
+    path = str(tmp_path / 'r.json')
+    results = RobustnessResults(path, _writer_identity(shard=None))
+    results.record('pgd_linf', 1, {'mAP': 0.3}, {})
+    with pytest.raises(ResultsMismatchError, match='attacks: file has'):
+        RobustnessResults(path, _writer_identity(shard=None, attacks=OTHER_PLAN))
+    assert identity_sha256(_writer_identity(attacks=OTHER_PLAN)) != identity_sha256(RECORDED)
+    # the same settings resume
+    assert RobustnessResults(path, _writer_identity(shard=None)).done('pgd_linf', 1)
+
+
+def test_a_stored_set_of_other_provenance_is_refused_on_resume(tmp_path):
+    from mmrobust.utils.io import ResultsMismatchError
+    path = str(tmp_path / 'r.json')
+    RobustnessResults(path, _writer_identity(shard=None)).save()
+    other = {**RECORDED['stored_set'], 'seed': 3}
+    with pytest.raises(ResultsMismatchError, match='stored_set: file has'):
+        RobustnessResults(path, _writer_identity(shard=None, stored_set=other))
+    # the same set at another path (a node-local copy) is the same set
+    moved = RobustnessResults(path, _writer_identity(shard=None, corrupted_root='/scratch/c'))
+    assert moved.data['corrupted_root'] == '/scratch/c'
+
+
+def test_a_results_file_of_an_earlier_mmrobust_still_resumes(tmp_path, monkeypatch):
+    """A file without identity_keys: its keys of the time are compared, the new ones it lacks
+    are logged as not compared, and its side files keep their fingerprint."""
+    path = tmp_path / 'old.json'
+    identity = _writer_identity(shard=None, attacks=None)
+    old = {k: v for k, v in identity.items()
+           if k not in ('identity_keys', 'attacks', 'stored_set')}
+    old['cells'] = {'clean': {'0': {'mAP': 0.5}}}
+    path.write_text(json.dumps(old))
+    legacy_sha = identity_sha256(old)
+    logged = []
+    monkeypatch.setattr('mmengine.logging.print_log', lambda msg, **kw: logged.append(msg))
+    resumed = RobustnessResults(str(path), identity)
+    assert resumed.done('clean', 0)
+    assert len(logged) == 1 and 'did not record stored_set, attacks: not compared' in logged[0]
+    assert identity_sha256(resumed.identity) == legacy_sha
+    assert 'identity_keys' not in resumed.identity
+    resumed.save()  # from now on the settings are recorded, and compared
+    from mmrobust.utils.io import ResultsMismatchError
+    with pytest.raises(ResultsMismatchError, match='stored_set'):
+        RobustnessResults(str(path), {**identity, 'stored_set': {'manifest': False}})
+    assert set(LEGACY_IDENTITY_KEYS) < set(IDENTITY_KEYS)
+
+
+def test_shards_of_different_mmrobust_identity_keys_are_refused():
+    legacy = {k: v for k, v in _shard(1, B).items() if k != 'identity_keys'}
+    with pytest.raises(ShardError, match='identity_keys'):
+        merge_results([('a.json', _shard(0, A)), ('b.json', legacy)])
+
+
+def test_a_merge_without_its_attack_cells_is_partial():
+    with_attacks = [('a.json', _shard(0, A, attacks=PLAN)), ('b.json', _shard(1, B, attacks=PLAN))]
+    with pytest.raises(ShardError, match='in no shard: pgd_linf 1, pgd_linf 2'):
+        merge_results(with_attacks)
+    merged = merge_results(with_attacks, allow_missing=True)
+    assert merged['partial'] == {'missing': ['pgd_linf 1', 'pgd_linf 2']}
 
 
 def test_a_cell_with_two_different_numbers_is_refused():

@@ -43,6 +43,7 @@ from mmrobust.apis import (
     parse_launch_args,
 )
 from mmrobust.corruptions import Protocol, resolve_protocol
+from mmrobust.corruptions.stored import read_stored_set, stored_settings
 from mmrobust.engine.hooks.strict_load import strict_load_outcome
 from mmrobust.evaluation import evaluate_robustness, results_lock
 from mmrobust.evaluation.attacks import attack_names, attack_plan
@@ -64,10 +65,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--corruptions', nargs='+', default=None,
                         help='corruptions or categories (restricts --protocol if given)')
     parser.add_argument('--severities', nargs='+', type=int, default=None)
-    parser.add_argument('--seed', type=int, default=0, help='seed of the corrupted set')
+    parser.add_argument('--seed', type=int, default=None,
+                        help="seed of the corrupted set (default 0; a stored set's manifest "
+                             'gives its own) and of the attacks')
     parser.add_argument('--corrupted-root', default=None,
                         help='read cells from OUT/<corruption>/<severity>/ of make_corrupted.py')
-    parser.add_argument('--bgr-compat', action='store_true',
+    parser.add_argument('--bgr-compat', action='store_true', default=None,
                         help="corrupt mmcv's BGR arrays as if they were RGB (mmdet's historical "
                              'COCO-C; for comparison with published tables)')
     parser.add_argument('--results', default=None,
@@ -125,13 +128,16 @@ def main() -> None:
     shard = parse_shard(args.shard) if args.shard else None
     attacks = attack_plan(args.attacks or (), args.epsilons, args.attack_steps,
                           args.attack_step_size, args.attack_random_start, args.attack_restarts,
-                          args.seed)
+                          0 if args.seed is None else args.seed)
     if args.epsilons and not attacks:
         raise UsageError('--epsilons needs --attacks (e.g. --attacks pgd_linf)')
     if attacks and args.protocol is None and args.corruptions is None:
         protocol = Protocol('attacks', 'adversarial cells only', {})
     else:
         protocol = resolve_protocol(args.protocol, args.corruptions, args.severities)
+    if args.corrupted_root:  # NOTE: a half-written or mismatching set stops before any build
+        stored_settings(args.corrupted_root, read_stored_set(args.corrupted_root), args.seed,
+                        args.bgr_compat)
     cfg = Config.fromfile(args.config)
     cfg = apply_common_args(cfg, args.config, args.launcher, args.work_dir, args.cfg_options)
     cfg = apply_test_args(cfg, args.checkpoint, None, False, None, 0, False)

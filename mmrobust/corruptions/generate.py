@@ -32,9 +32,9 @@ from ..utils.errors import InputNotFoundError, MMRobustError
 from ..utils.io import TMP_MARK, atomic_bytes
 from .core import ImageTooSmallError, corrupt, derive_seed
 from .protocols import Protocol, resolve_protocol
+from .stored import MANIFEST, cell_folder
 
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
-MANIFEST = 'manifest.json'
 
 
 class CorruptionWriteError(RuntimeError):
@@ -194,7 +194,7 @@ def _process(job: Tuple[str, List[Tuple[str, int]]]
         try:
             data = encode_image(out, Path(rel).suffix, opts['jpeg_quality'],
                                 opts['png_compression'], opts['lossless'])
-            atomic_bytes(opts['out'] / name / str(severity) / rel, data)
+            atomic_bytes(Path(cell_folder(opts['out'], name, severity)) / rel, data)
         except Exception as err:  # NOTE: a full disk, an I/O error: stop at once, say where
             raise CorruptionWriteError(
                 f'writing {name} {severity} of {rel} failed: {type(err).__name__}: {err}. The '
@@ -300,11 +300,12 @@ def generate(src: Path, out: Path, protocol: Protocol, seed: int = 0, workers: i
     cells = protocol.cells()
     for name, severity in cells:
         for rel in link_list:
-            _link(src / rel, out / name / str(severity) / rel, copy_links)
+            _link(src / rel, Path(cell_folder(out, name, severity)) / rel, copy_links)
 
     jobs, done = [], 0
     for rel in images:
-        missing = [(n, s) for n, s in cells if not (out / n / str(s) / rel).is_file()]
+        missing = [(n, s) for n, s in cells
+                   if not (Path(cell_folder(out, n, s)) / rel).is_file()]
         done += len(cells) - len(missing)
         if missing:
             jobs.append((rel, missing))

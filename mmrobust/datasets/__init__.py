@@ -8,9 +8,9 @@ from .toy_data import (
     make_toy_cityscapes,
     make_toy_coco,
 )
-from .transforms import Corrupt, CorruptCell
+from .transforms import Corrupt, CorruptCell, StoredCell
 
-__all__ = ['Corrupt', 'CorruptCell', 'CITYSCAPES_CLASSES', 'CITYSCAPES_PALETTE', 'ImageCrops',
-           'ImageCropsDataset', 'TOY_COCO_CLASSES',
+__all__ = ['Corrupt', 'CorruptCell', 'StoredCell', 'CITYSCAPES_CLASSES', 'CITYSCAPES_PALETTE',
+           'ImageCrops', 'ImageCropsDataset', 'TOY_COCO_CLASSES',
            'TOY_DATASETS', 'dataset_image_paths', 'generate_toy_dataset', 'make_toy_cityscapes',
            'make_toy_coco']

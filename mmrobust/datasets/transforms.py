@@ -112,3 +112,35 @@ class CorruptCell(BaseTransform):
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}(seed={self.seed}, '
                 f'channel_order={self.channel_order!r}, bgr_compat={self.bgr_compat})')
+
+
+@TRANSFORMS.register_module()
+class StoredCell(BaseTransform):
+    """Read a stored corrupted set's copy of the image: ``img_path`` moved from the clean set's
+    ``data_root`` into ``<root>/<corruption>/<severity>/`` (``make_corrupted.py``'s layout).
+
+    The per-cell robustness loop puts it before the image-loading step of each test dataset,
+    so every sample is mapped however its path was formed (``data_root``, a relative or
+    absolute ``data_prefix``, paths in the annotation file); a path outside ``data_root`` is
+    an error, never a silent read of the clean image.
+
+    Args:
+        root: the stored set's root.
+        corruption, severity: the cell.
+        data_root: the clean dataset's ``data_root``.
+    """
+
+    def __init__(self, root: str, corruption: str, severity: int,
+                 data_root: Optional[str]) -> None:
+        self.root, self.corruption, self.severity = str(root), corruption, int(severity)
+        self.data_root = data_root
+
+    def transform(self, results: Dict) -> Dict:
+        from ..corruptions.stored import cell_image_path
+        results['img_path'] = cell_image_path(results['img_path'], self.data_root, self.root,
+                                              self.corruption, self.severity)
+        return results
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}(root={self.root!r}, corruption={self.corruption!r}, '
+                f'severity={self.severity}, data_root={self.data_root!r})')

@@ -26,9 +26,9 @@ from ..utils.io import TMP_MARK, atomic_write
 
 __all__ = ['PREDICTIONS_FORMAT', 'InferenceLoop', 'MetricWorker', 'MetricWorkerError',
            'compute_metrics', 'load_cell_predictions', 'predictions_dir', 'predictions_path',
-           'save_cell_predictions', 'saved_cells']
+           'read_predictions_header', 'save_cell_predictions', 'saved_cells']
 
-PREDICTIONS_FORMAT = 'mmrobust-cell-predictions/1'
+PREDICTIONS_FORMAT = 'mmrobust-cell-predictions/2'
 #: Test hook: seconds the metric worker sleeps before each cell (to kill a run mid-metric).
 DELAY_ENV = 'MMROBUST_METRIC_WORKER_DELAY_S'
 
@@ -89,52 +89,136 @@ def predictions_path(folder: str, corruption: str, severity: int) -> str:
     return osp.join(folder, f'{corruption}_{severity}.pkl')
 
 
+class _PredictionsPickler(pickle.Pickler):
+    """Pickles tensors as numpy arrays (by persistent id): a predictions file needs no torch
+    storage unpickling, which runs ``torch.load`` on bytes from the file."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        import torch
+        if isinstance(obj, torch.Tensor):
+            tensor = obj.detach().cpu()
+            if tensor.dtype == torch.bfloat16:  # NOTE: numpy has no bfloat16
+                return ('tensor', 'bfloat16', tensor.view(torch.int16).numpy())
+            return ('tensor', None, tensor.numpy())
+        return None
+
+
+class _PredictionsUnpickler(pickle.Unpickler):
+    """Loads a predictions file's payload: the allow-listed globals only (anything else is an
+    ``UnpicklingError`` that names it), tensors from their arrays."""
+
+    _ALLOWED: Optional[Dict[str, Any]] = None
+
+    def find_class(self, module: str, name: str) -> Any:
+        if _PredictionsUnpickler._ALLOWED is None:
+            from ..utils.checkpoint import data_globals
+            _PredictionsUnpickler._ALLOWED = data_globals()
+        full = f'{module}.{name}'
+        if full in self._ALLOWED:
+            return self._ALLOWED[full]
+        raise pickle.UnpicklingError(f'{full} is not allowed in a predictions file (only '
+                                     'numbers, arrays, tensors and containers are)')
+
+    def persistent_load(self, pid: Any) -> Any:
+        import torch
+        kind, dtype, array = pid
+        if kind != 'tensor':
+            raise pickle.UnpicklingError(f'unknown persistent id {kind!r}')
+        if not array.flags.writeable:
+            array = array.copy()
+        tensor = torch.from_numpy(array)
+        return tensor.view(torch.bfloat16) if dtype == 'bfloat16' else tensor
+
+
 def save_cell_predictions(path: str, identity_sha256: str, corruption: str, severity: int,
                           parts: Sequence[list], dataset_meta: Optional[Mapping],
                           timing: Mapping) -> None:
-    """Write a cell's gathered metric inputs atomically (flushed to disk before it is used)."""
-    payload = {'format': PREDICTIONS_FORMAT, 'identity_sha256': identity_sha256,
-               'cell': [corruption, int(severity)], 'parts': list(parts),
-               'dataset_meta': dict(dataset_meta or {}), 'timing': dict(timing)}
+    """Write a cell's gathered metric inputs atomically (flushed to disk before it is used):
+    a one-line header (:func:`read_predictions_header`), then the payload."""
+    header = {'format': PREDICTIONS_FORMAT, 'identity_sha256': identity_sha256,
+              'cell': [corruption, int(severity)]}
+    payload = {'parts': list(parts), 'dataset_meta': dict(dataset_meta or {}),
+               'timing': dict(timing)}
     with atomic_write(path, 'wb') as f:
-        pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
+        f.write(json.dumps(header).encode() + b'\n')
+        # NOTE: protocol 4: numpy arrays through _reconstruct, which the allow-list has
+        _PredictionsPickler(f, protocol=4).dump(payload)
+
+
+def read_predictions_header(path: str) -> Dict[str, Any]:
+    """The header of a predictions file (format, identity fingerprint, cell), read without
+    unpickling anything.
+
+    Raises:
+        ValueError: not a predictions file of :data:`PREDICTIONS_FORMAT` (e.g. an earlier
+            mmrobust's, in the general pickle format).
+    """
+    with open(path, 'rb') as f:
+        line = f.readline(1 << 16)
+    try:
+        header = json.loads(line)
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or header.get('format') != PREDICTIONS_FORMAT:
+        raise ValueError(f'{path} is not a predictions file of {PREDICTIONS_FORMAT} (an '
+                         'earlier mmrobust\'s, or another file)')
+    return header
 
 
 def load_cell_predictions(path: str) -> Dict:
-    """A predictions file this package wrote (checked by its format), as a dict."""
+    """A predictions file this package wrote, as a dict (the header's keys and the payload's),
+    loaded by a restricted unpickler.
+
+    Raises:
+        ValueError: not a predictions file of :data:`PREDICTIONS_FORMAT`.
+        pickle.UnpicklingError: the payload names anything but numbers, arrays, tensors and
+            containers (nothing of it ran).
+    """
+    header = read_predictions_header(path)
     with open(path, 'rb') as f:
-        payload = pickle.load(f)  # NOTE: written by this run or the run it resumes (format below)
-    if not isinstance(payload, dict) or payload.get('format') != PREDICTIONS_FORMAT:
-        raise ValueError(f'{path} is not a predictions file of {PREDICTIONS_FORMAT}')
-    return payload
+        f.readline(1 << 16)
+        payload = _PredictionsUnpickler(f).load()
+    if not isinstance(payload, dict) or 'parts' not in payload:
+        raise ValueError(f'{path} holds no predictions payload')
+    return {**header, **payload}
 
 
-def saved_cells(folder: str, identity_sha256: str) -> Tuple[Dict[Tuple[str, int], str],
-                                                            List[str]]:
-    """The predictions files in ``folder``: ``({(corruption, severity): path}, foreign)``, where
-    ``foreign`` lists files of another evaluation (or unreadable) that must not be used."""
+def saved_cells(folder: str, identity_sha256: str,
+                planned: Optional[Sequence[Tuple[str, int]]] = None
+                ) -> Tuple[Dict[Tuple[str, int], str], List[str]]:
+    """The predictions files in ``folder``, from their headers alone: ``({(corruption,
+    severity): path}, unused)``, where ``unused`` lists files that must not be used: of another
+    evaluation, unreadable, or of a cell that is not in ``planned`` (orphans); the log says why
+    for each."""
     found: Dict[Tuple[str, int], str] = {}
-    foreign: List[str] = []
+    unused: List[str] = []
     if not osp.isdir(folder):
-        return found, foreign
+        return found, unused
+    wanted = None if planned is None else {(c, int(s)) for c, s in planned}
     for name in sorted(os.listdir(folder)):
         path = osp.join(folder, name)
         if TMP_MARK in name or not name.endswith('.pkl'):
             continue
         try:
-            payload = load_cell_predictions(path)
-        except (OSError, EOFError, ValueError, pickle.UnpicklingError, AttributeError,
-                ImportError) as err:
-            print_log(f'{path} cannot be read ({type(err).__name__}: {err})', logger='current',
-                      level=30)
-            foreign.append(path)
+            header = read_predictions_header(path)
+        except (OSError, ValueError) as err:
+            print_log(f'{path} cannot be used ({err}); its cell is inferred again',
+                      logger='current', level=30)
+            unused.append(path)
             continue
-        if payload['identity_sha256'] != identity_sha256:
-            foreign.append(path)
+        if header['identity_sha256'] != identity_sha256:
+            print_log(f'{path}: predictions of another evaluation', logger='current', level=30)
+            unused.append(path)
             continue
-        corruption, severity = payload['cell']
-        found[corruption, int(severity)] = path
-    return found, foreign
+        corruption, severity = header['cell']
+        cell = (corruption, int(severity))
+        if wanted is not None and cell not in wanted:
+            print_log(f'{path}: predictions of cell {cell[0]} {cell[1]}, which this evaluation '
+                      'does not plan (an orphan)', logger='current', level=30)
+            unused.append(path)
+            continue
+        found[cell] = path
+    return found, unused
 
 
 # -- computing the metrics -------------------------------------------------------------------------

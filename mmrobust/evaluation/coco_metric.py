@@ -12,6 +12,7 @@ masks are run-length encoded faster (:mod:`.mask_rle`, byte-identical) and whose
 
 ``tools/analysis_tools/benchmark_coco_metric.py`` times them on the same predictions.
 """
+import copy
 import importlib
 import threading
 from contextlib import contextmanager
@@ -99,7 +100,7 @@ def coco_backend(name: str) -> CocoBackend:
 
 
 # mmdet's compute_metrics names COCOeval through its module's globals
-_SWAP_LOCK = threading.Lock()
+_SWAP_LOCK = threading.RLock()  # NOTE: re-entered: the COCOeval and the loadRes swaps
 
 
 @contextmanager
@@ -126,24 +127,34 @@ class RobustCocoMetric(CocoMetric):
         per_image: also return, under :data:`~.per_image.PER_IMAGE_KEY`, each evaluated IoU
             type's per-image matching (:func:`~.per_image.coco_block`) for the bootstrap of
             ``tools/robustness_report.py`` (robustness runs set it).
+        sort_categories: as ``CocoMetric``'s: sort the annotation file's categories by id
+            (Objects365 v1 lists them out of order), as mmdet does after parsing it.
         use_mp_eval: not an argument here: choose ``backend='mmdet-mp'``.
         **kwargs: the other arguments of mmdet's ``CocoMetric`` (metric, classwise, ...).
+
+    A prediction set without a single detection (a cell where the model finds nothing) is
+    scored as COCOeval scores detections that miss every object (AP 0 where there is ground
+    truth), with a log line, by every backend; mmdet's ``CocoMetric`` returns no numbers at all
+    for it under pycocotools, which would drop the cell out of a mean.
     """
 
     def __init__(self, backend: str = 'pycocotools', ann_file: Optional[str] = None,
-                 per_image: bool = False, **kwargs) -> None:
+                 per_image: bool = False, sort_categories: bool = False, **kwargs) -> None:
         if 'use_mp_eval' in kwargs:
             raise TypeError("RobustCocoMetric: instead of use_mp_eval choose "
                             "backend='mmdet-mp'")
         self.backend = coco_backend(backend)
         self.per_image = per_image
         # NOTE: mmdet would parse ann_file with pycocotools; the backend parses it below
-        super().__init__(ann_file=None, use_mp_eval=backend == 'mmdet-mp', **kwargs)
+        super().__init__(ann_file=None, use_mp_eval=backend == 'mmdet-mp',
+                         sort_categories=sort_categories, **kwargs)
         self.ann_file = ann_file
         if ann_file is not None:
             from mmengine.fileio import get_local_path
             with get_local_path(ann_file, backend_args=self.backend_args) as local_path:
                 self._coco_api = self.backend.coco(local_path)
+            if sort_categories:
+                _sort_categories(self._coco_api)
 
     def process(self, data_batch: dict, data_samples: Sequence[dict]) -> None:
         """mmdet's ``process`` with the masks run-length encoded by :func:`encode_masks`
@@ -167,18 +178,12 @@ class RobustCocoMetric(CocoMetric):
         if self._coco_api is None:
             gts = [gt for gt, _ in results]
             self._gt_from_dataset(gts)
-        evaluated: List[Any] = []
-        cocoeval = self.backend.cocoeval
-        if self.per_image:
-            class Keeping(cocoeval):  # type: ignore[valid-type,misc]
-                """The backend's COCOeval, kept after ``evaluate`` for its per-image matching."""
-
-                def evaluate(self) -> None:
-                    super().evaluate()
-                    evaluated.append(self)
-            cocoeval = Keeping
-        with _mmdet_cocoeval(cocoeval):
+        cocoeval = _keeping(self.backend.cocoeval) if self.per_image else self.backend.cocoeval
+        with _mmdet_cocoeval(cocoeval), _empty_results_scored(self._coco_api):
+            start = len(_KEPT)  # NOTE: the swap's lock is held: no other metric appends
             metrics = super().compute_metrics(results)
+            evaluated = _KEPT[start:]
+            del _KEPT[start:]
         if self.per_image:
             from .per_image import PER_IMAGE_KEY, coco_block
             metrics[PER_IMAGE_KEY] = [coco_block(e, f'{e.params.iouType}_') for e in evaluated
@@ -190,6 +195,85 @@ class RobustCocoMetric(CocoMetric):
         with tempfile.TemporaryDirectory() as tmp:
             prefix = self.outfile_prefix or f'{tmp}/results'
             self._coco_api = self.backend.coco(self.gt_to_coco_json(gts, prefix))
+
+
+#: The COCOeval objects of the running metric, kept after ``evaluate`` (see :func:`_keeping`).
+_KEPT: List[Any] = []
+_KEEPING_PREFIX = '_Keeping'
+
+
+def _kept_evaluate(self: Any) -> None:
+    super(type(self), self).evaluate()
+    _KEPT.append(self)
+
+
+def _keeping(cocoeval: type) -> type:
+    """The backend's COCOeval whose objects are kept after ``evaluate`` (for their per-image
+    matching), as a class of this module: mmdet-mp pickles the object to its processes, which
+    find the class by name (see the module's ``__getattr__``)."""
+    name = f'{_KEEPING_PREFIX}{cocoeval.__name__}'
+    cls = globals().get(name)
+    if cls is None or cls.__bases__[0] is not cocoeval:
+        cls = type(name, (cocoeval, ), {'evaluate': _kept_evaluate, '__module__': __name__,
+                                         '__qualname__': name})
+        globals()[name] = cls
+    return cls
+
+
+def __getattr__(name: str) -> type:
+    """A :func:`_keeping` class by name, in a process that unpickles it before building it."""
+    if name.startswith(_KEEPING_PREFIX):
+        for backend in COCO_BACKENDS:
+            cocoeval = coco_backend(backend).cocoeval
+            if f'{_KEEPING_PREFIX}{cocoeval.__name__}' == name:
+                return _keeping(cocoeval)
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def _sort_categories(coco_api: Any) -> None:
+    """mmdet's ``sort_categories``: the categories in id order, in the index and the dataset
+    (``get_cat_ids``, hence each label's category, follows this order)."""
+    coco_api.cats = {i: coco_api.cats[i] for i in sorted(coco_api.cats)}
+    coco_api.dataset['categories'] = sorted(coco_api.dataset['categories'],
+                                            key=lambda c: c['id'])
+
+
+@contextmanager
+def _empty_results_scored(coco_api: Any) -> Iterator[None]:
+    """``coco_api.loadRes([])`` gives a result set without detections instead of failing.
+
+    pycocotools' ``loadRes`` indexes the first result, so mmdet's ``compute_metrics`` catches
+    the IndexError, logs "results ... empty" and returns ``{}`` for a cell where the model
+    detected nothing; faster-coco-eval scores it (zeros). Every backend now scores it. The
+    class is patched for the block (not the instance: mmdet-mp pickles the instance to its
+    processes), one metric at a time.
+    """
+    if coco_api is None:
+        yield
+        return
+    from mmengine.logging import print_log
+    cls = type(coco_api)
+    original = cls.loadRes
+
+    def load_res(self: Any, results: Any) -> Any:
+        if isinstance(results, (list, tuple)) and len(results) == 0:
+            print_log('no detection in the whole prediction set: scored as detections that '
+                      'miss every object (AP 0 wherever there is ground truth)',
+                      logger='current', level=30)
+            empty = type(self)()
+            empty.dataset = {'images': list(self.dataset['images']),
+                             'categories': copy.deepcopy(self.dataset['categories']),
+                             'annotations': []}
+            empty.createIndex()
+            return empty
+        return original(self, results)
+
+    with _SWAP_LOCK:
+        cls.loadRes = load_res
+        try:
+            yield
+        finally:
+            cls.loadRes = original
 
 
 # -- choosing the backend of an evaluator config --------------------------------------------------
@@ -247,7 +331,6 @@ def select_coco_backend(evaluator: Any, backend: Optional[str] = None,
 def without_backend(evaluator: Any) -> Any:
     """A copy of an evaluator config without its COCO metrics' ``backend`` keys, which change
     how fast the numbers come, not what they are (for fingerprints of what is evaluated)."""
-    import copy
     evaluator = copy.deepcopy(evaluator)
     for entry in _metric_entries(evaluator):
         if _is_coco(entry):

@@ -15,6 +15,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 from mmengine.config import Config
 from torch.utils.data import Dataset, Sampler
 
+from ..corruptions.stored import cell_folder, cell_image_path
 from ..datasets.transforms import CELL_KEY
 from ..utils.errors import InputNotFoundError
 from .metrics import CLEAN
@@ -54,10 +55,7 @@ class CellDataset(Dataset):
 
     def cell_path(self, cell: Cell, path: str) -> str:
         """``path`` (under the dataset's ``data_root``) in the stored set's cell folder."""
-        rel = osp.relpath(path, self.dataset.data_root)
-        if rel.startswith('..'):
-            raise OnePassUnsupported(f'{path} is not under data_root {self.dataset.data_root}')
-        return osp.join(self.corrupted_root, cell[0], str(cell[1]), rel)
+        return cell_image_path(path, self.dataset.data_root, self.corrupted_root, *cell)
 
     def __getitem__(self, index: int) -> dict:
         k, i = divmod(index, self.images)
@@ -113,12 +111,14 @@ def one_pass_loader(runner, cfg: Config, cells: Sequence[Cell], seed: int, bgr_c
 
     Raises:
         OnePassUnsupported: the config's dataset or loader cannot be shared by the cells.
-        FileNotFoundError: a stored cell's folder is missing (says how to write it).
+        FileNotFoundError: a stored cell's folder or images are missing (says how to write
+            them).
+        StoredSetError: a sample's image has no place in the stored set's layout.
     """
     from mmengine.dataset import BaseDataset
     from mmengine.registry import DATA_SAMPLERS, DATASETS
 
-    from .robustness import find_loading_step
+    from .robustness import check_stored_paths, find_loading_step
     loader_cfg = copy.deepcopy(cfg.test_dataloader)
     why = _is_plain(loader_cfg)
     if why:
@@ -126,7 +126,7 @@ def one_pass_loader(runner, cfg: Config, cells: Sequence[Cell], seed: int, bgr_c
     dataset_cfg = loader_cfg.pop('dataset')
     if corrupted_root:
         for corruption, severity in cells:
-            folder = osp.join(corrupted_root, corruption, str(severity))
+            folder = cell_folder(corrupted_root, corruption, severity)
             if corruption != CLEAN and not osp.isdir(folder):
                 raise InputNotFoundError(
                     f'{folder} does not exist: write the corrupted set with `python '
@@ -143,6 +143,8 @@ def one_pass_loader(runner, cfg: Config, cells: Sequence[Cell], seed: int, bgr_c
     if not isinstance(dataset, BaseDataset) or (
             type(dataset).prepare_data is not BaseDataset.prepare_data):
         raise OnePassUnsupported(f'{type(dataset).__name__} prepares its samples its own way')
+    if corrupted_root:  # NOTE: here, not in a dataloader worker after the clean cell's inference
+        check_stored_paths(dataset, dataset.data_root, corrupted_root, list(cells))
     # NOTE: the rank's indices of the config's own sampler, as each per-cell loader had them
     sampler = DATA_SAMPLERS.build(loader_cfg.pop('sampler'),
                                   default_args=dict(dataset=dataset, seed=runner.seed))

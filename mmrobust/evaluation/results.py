@@ -11,21 +11,32 @@ import io
 import json
 import os.path as osp
 import pickle
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..corruptions import CORRUPTIONS
 from ..utils.errors import InputNotFoundError, MMRobustError
 from ..utils.io import ResultsStore
 from .metrics import CLEAN
 
-__all__ = ['RESULTS_FORMAT', 'IDENTITY_KEYS', 'RobustnessResults', 'ShardError', 'ShardSpecError',
-           'NotAResultsFileError', 'file_sha256', 'evaluation_sha256', 'identity_sha256',
-           'load_results', 'merge_results', 'parse_shard', 'report_dir', 'shard_cells']
+__all__ = ['RESULTS_FORMAT', 'IDENTITY_KEYS', 'LEGACY_IDENTITY_KEYS', 'INFO_KEYS',
+           'RobustnessResults', 'ShardError', 'ShardSpecError', 'NotAResultsFileError',
+           'file_sha256', 'evaluation_sha256', 'identity_sha256', 'load_results',
+           'make_identity', 'merge_results', 'parse_shard', 'planned_cells', 'report_dir',
+           'shard_cells']
 
 RESULTS_FORMAT = 'mmrobust-robustness/1'
-# the keys that must match for a results file to be resumed
-IDENTITY_KEYS = ('protocol', 'cells_planned', 'seed', 'bgr_compat', 'source', 'config_sha256',
-                 'checkpoint_sha256', 'shard')
+#: What must match for a results file to be resumed, or for shards to be merged: every recorded
+#: setting that changes a number (``stored_set``: the provenance of a stored corrupted set, from
+#: its manifest; ``attacks``: the attacks, their budgets and settings).
+IDENTITY_KEYS = ('protocol', 'cells_planned', 'seed', 'bgr_compat', 'source', 'stored_set',
+                 'attacks', 'config_sha256', 'checkpoint_sha256', 'shard')
+#: The identity keys of results files written before a file recorded its ``identity_keys``.
+LEGACY_IDENTITY_KEYS = ('protocol', 'cells_planned', 'seed', 'bgr_compat', 'source',
+                        'config_sha256', 'checkpoint_sha256', 'shard')
+#: What the identity records for the reader that does not change a number (paths, versions,
+#: what the checkpoint load found): not compared.
+INFO_KEYS = ('config', 'checkpoint', 'corrupted_root', 'scope', 'mmrobust', 'checkpoint_load',
+             'partial_load', 'identity_keys')
 
 
 def file_sha256(path: str) -> str:
@@ -36,9 +47,18 @@ def file_sha256(path: str) -> str:
     return digest.hexdigest()
 
 
+def _identity_keys(identity: Mapping) -> Tuple[str, ...]:
+    """The identity keys a results file is defined by (those of its own version)."""
+    keys = identity.get('identity_keys')
+    return tuple(keys) if keys else LEGACY_IDENTITY_KEYS
+
+
 def identity_sha256(identity: Mapping) -> str:
-    """Fingerprint of the identity keys (what must match to resume), e.g. for side files."""
-    keys = {k: identity.get(k) for k in ('format', ) + IDENTITY_KEYS}
+    """Fingerprint of the identity keys (what must match to resume), e.g. for side files.
+
+    A results file written before ``identity_keys`` was recorded keeps its fingerprint over the
+    keys of its time, so its saved predictions and per-image statistics stay its own."""
+    keys = {k: identity.get(k) for k in ('format', ) + _identity_keys(identity)}
     return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -55,12 +75,70 @@ def report_dir(results_path: str) -> str:
     return f'{stem}_report'
 
 
+def make_identity(protocol: Any, seed: int, bgr_compat: bool,
+                  stored_set: Optional[Mapping] = None, corrupted_root: Optional[str] = None,
+                  attacks: Optional[Mapping] = None, config: Optional[str] = None,
+                  config_sha256: Optional[str] = None, checkpoint: str = '',
+                  scope: Optional[str] = None, shard: Optional[Tuple[int, int]] = None,
+                  checkpoint_load: Optional[Mapping] = None) -> Dict[str, Any]:
+    """What a robustness results file records of its evaluation: :data:`IDENTITY_KEYS` (compared
+    on resume and merge) and :data:`INFO_KEYS` (for the reader).
+
+    ``protocol`` is a :class:`~mmrobust.corruptions.Protocol`; ``stored_set`` the provenance of
+    a stored corrupted set (:func:`~mmrobust.corruptions.stored.stored_set_identity`), None when
+    the cells are corrupted on the fly.
+    """
+    from ..version import __version__
+    identity: Dict[str, Any] = {
+        'protocol': protocol.name,
+        'cells_planned': {c: list(s) for c, s in protocol.severities.items()},
+        'seed': seed, 'bgr_compat': bgr_compat,
+        'source': 'stored' if corrupted_root else 'on-the-fly',
+        'stored_set': dict(stored_set) if stored_set is not None else None,
+        'corrupted_root': corrupted_root,
+        'attacks': dict(attacks) if attacks else None,
+        'config': config, 'config_sha256': config_sha256,
+        'checkpoint': checkpoint,
+        'checkpoint_sha256': file_sha256(checkpoint) if checkpoint else None,
+        'scope': scope, 'mmrobust': __version__,
+        'shard': {'index': shard[0], 'count': shard[1]} if shard else None,
+        'identity_keys': list(IDENTITY_KEYS),
+    }
+    if checkpoint_load is not None:
+        identity['checkpoint_load'] = dict(checkpoint_load)
+        if any(checkpoint_load.get(k) for k in ('missing', 'unexpected', 'errors')):
+            identity['partial_load'] = {k: checkpoint_load[k] for k in (
+                'missing', 'unexpected', 'errors') if checkpoint_load.get(k)}
+    return identity
+
+
 class RobustnessResults(ResultsStore):
-    """The JSON results file: identity, cells and timings; atomic writes; resume checks."""
+    """The JSON results file: identity, cells and timings; atomic writes; resume checks.
+
+    Resuming compares :data:`IDENTITY_KEYS`. A file written before the file recorded its
+    ``identity_keys`` (an earlier mmrobust) still resumes: its keys of that time are compared,
+    and of the keys added since those it records (``attacks`` where it had attacks); the log
+    says which were not compared. It keeps its identity keys, hence the fingerprint of its
+    saved predictions and per-image statistics.
+    """
 
     def __init__(self, path: str, identity: Dict) -> None:
-        super().__init__(path, {'format': RESULTS_FORMAT, **identity}, entries_key='cells',
-                         identity_keys=('format', ) + IDENTITY_KEYS,
+        identity = {'format': RESULTS_FORMAT, **identity}
+        identity.setdefault('identity_keys', list(IDENTITY_KEYS))
+        keys: Tuple[str, ...] = ('format', ) + IDENTITY_KEYS
+        old = _peek_json(path)
+        if old is not None and not old.get('identity_keys'):
+            added = [k for k in IDENTITY_KEYS if k not in LEGACY_IDENTITY_KEYS]
+            unknown = [k for k in added if k not in old]
+            keys = ('format', ) + LEGACY_IDENTITY_KEYS + tuple(k for k in added if k in old)
+            identity.pop('identity_keys')  # NOTE: keeps the legacy fingerprint (side files)
+            if unknown:
+                from mmengine.logging import print_log
+                print_log(f'{path} was written by an earlier mmrobust, which did not record '
+                          f'{", ".join(unknown)}: not compared on this resume (recorded from '
+                          'now on, and compared on the next). Start a new results file to have '
+                          'every cell checked against them.', logger='current', level=30)
+        super().__init__(path, identity, entries_key='cells', identity_keys=keys,
                          fix='delete the file to start fresh, or pass --results with another '
                          'path')
         self.data.setdefault('timing', {})
@@ -71,6 +149,28 @@ class RobustnessResults(ResultsStore):
     def record(self, corruption: str, severity: int, metrics: Dict, timing: Dict) -> None:
         self.data['timing'].setdefault(corruption, {})[str(severity)] = timing
         super().record(corruption, str(severity), value=metrics)
+
+
+def _peek_json(path: str) -> Optional[Dict]:
+    """An existing results file's content (None: no file, or not a JSON object)."""
+    if not osp.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except ValueError:
+        return None  # NOTE: ResultsStore says what is wrong with it
+    return data if isinstance(data, dict) else None
+
+
+def planned_cells(identity: Mapping) -> List[Tuple[str, int]]:
+    """Every cell an evaluation plans, in the order it runs them: the clean set, the
+    protocol's (corruption, severity) cells, then each attack's budgets."""
+    cells = [(CLEAN, 0)] + [(c, int(s)) for c, sevs in identity['cells_planned'].items()
+                            for s in sevs]
+    for name, entry in (identity.get('attacks') or {}).items():
+        cells += [(name, k) for k in range(1, len(entry['epsilons']) + 1)]
+    return cells
 
 
 # -- reading ---------------------------------------------------------------------------------------
@@ -206,6 +306,10 @@ def merge_results(shards: Sequence[Tuple[str, Mapping]], allow_missing: bool = F
     keys = ('format', ) + tuple(k for k in IDENTITY_KEYS if k != 'shard')
     problems = []
     for path, data in shards[1:]:
+        if _identity_keys(data) != _identity_keys(first):
+            problems.append(f'identity_keys: {first_path} has {list(_identity_keys(first))}, '
+                            f'{path} {list(_identity_keys(data))} (written by different '
+                            'mmrobust versions)')
         diff = [f'{k}: {first_path} has {first.get(k)!r}, {path} {data.get(k)!r}'
                 for k in keys if data.get(k) != first.get(k)]
         problems += diff
@@ -231,8 +335,7 @@ def merge_results(shards: Sequence[Tuple[str, Mapping]], allow_missing: bool = F
     if conflicts:
         raise ShardError('cells with different numbers in two shards (evaluated twice, '
                          'differently); refusing to merge:\n  ' + '\n  '.join(conflicts))
-    planned = [(CLEAN, 0)] + [(c, int(s)) for c, sevs in first['cells_planned'].items()
-                              for s in sevs]
+    planned = planned_cells(first)
     missing = [f'{c} {s}' for c, s in planned if str(s) not in cells.get(c, {})]
     merged = {k: v for k, v in first.items()
               if k not in ('cells', 'timing', 'shard', 'time', 'created', 'updated')}

@@ -28,15 +28,21 @@ from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 
 from ..corruptions import Protocol
+from ..corruptions.stored import (
+    MANIFEST,
+    cell_folder,
+    cell_image_path,
+    read_stored_set,
+    stored_set_identity,
+    stored_settings,
+)
 from ..utils.config_checks import leaf_datasets
 from ..utils.errors import InputNotFoundError, MMRobustError
 from ..utils.io import TMP_MARK, FileLockedError, exclusive_lock
 from ..utils.progress import Progress
-from ..version import __version__
 from .attacks import (
     AttackError,
     attack_batch,
-    attack_cells,
     attack_of_cell,
     gt_at_file_scale,
     is_attack_cell,
@@ -66,9 +72,10 @@ from .per_image import StatsTarget, stats_dir, stats_path, write_cell_stats
 from .results import (
     RobustnessResults,
     evaluation_sha256,
-    file_sha256,
     identity_sha256,
+    make_identity,
     parse_shard,
+    planned_cells,
     shard_cells,
 )
 from .seg_metric import use_fast_iou
@@ -113,25 +120,69 @@ def find_loading_step(pipeline: List[Dict]) -> int:
 
 def cell_dataloader(cfg: Config, corruption: Optional[str], severity: int, seed: int,
                     bgr_compat: bool, corrupted_root: Optional[str]) -> ConfigDict:
-    """The test dataloader config of one cell (``corruption=None``: the clean set)."""
+    """The test dataloader config of one cell (``corruption=None``: the clean set).
+
+    A stored cell reads each sample's image from the stored set (a :class:`StoredCell` step
+    before the loading step maps its path, whatever formed it); an on-the-fly cell corrupts it
+    right after loading.
+    """
     loader = copy.deepcopy(cfg.test_dataloader)
     if corruption is None:
         return loader
     for dataset in leaf_datasets(loader['dataset']):
-        if corrupted_root:
-            dataset['data_root'] = osp.join(corrupted_root, corruption, str(severity))
-            if not osp.isdir(dataset['data_root']):
-                raise InputNotFoundError(
-                    f'{dataset["data_root"]} does not exist: write the corrupted set with '
-                    f'`python tools/make_corrupted.py SRC {corrupted_root} ...` for this '
-                    'protocol, or drop --corrupted-root to corrupt on the fly.')
-            continue
         pipeline = list(dataset['pipeline'])
         at = find_loading_step(pipeline)
-        pipeline.insert(at + 1, dict(type='Corrupt', corruption=corruption, severity=severity,
-                                     seed=seed, bgr_compat=bgr_compat))
+        if corrupted_root:
+            folder = cell_folder(corrupted_root, corruption, severity)
+            if not osp.isdir(folder):
+                raise InputNotFoundError(
+                    f'{folder} does not exist: write the corrupted set with '
+                    f'`python tools/make_corrupted.py SRC {corrupted_root} ...` for this '
+                    'protocol, or drop --corrupted-root to corrupt on the fly.')
+            pipeline.insert(at, dict(type='StoredCell', root=corrupted_root,
+                                     corruption=corruption, severity=severity,
+                                     data_root=dataset.get('data_root')))
+        else:
+            pipeline.insert(at + 1, dict(type='Corrupt', corruption=corruption,
+                                         severity=severity, seed=seed, bgr_compat=bgr_compat))
         dataset['pipeline'] = pipeline
     return loader
+
+
+def check_stored_paths(dataset: Any, data_root: Optional[str], corrupted_root: str,
+                       cells: List[Tuple[str, int]]) -> None:
+    """Refuse, before any inference, a stored set that cannot serve every sample of a built
+    dataset: a path that has no place in the set's layout, or a cell without its first image.
+
+    Raises:
+        StoredSetError: a sample's image is not under ``data_root`` (says how to mend it).
+        InputNotFoundError: a cell's folder lacks an image (the set is incomplete).
+    """
+    stored = [c for c in cells if c[0] != CLEAN]
+    if not stored or len(dataset) == 0:
+        return
+    paths = [dataset.get_data_info(i)['img_path'] for i in range(len(dataset))]
+    for path in paths:  # NOTE: raises on the first that cannot be placed
+        cell_image_path(path, data_root, corrupted_root, *stored[0])
+    for cell in stored:
+        first = cell_image_path(paths[0], data_root, corrupted_root, *cell)
+        if not osp.isfile(first):
+            raise InputNotFoundError(
+                f'{first} does not exist: the stored set {corrupted_root} lacks images of cell '
+                f'{cell[0]} {cell[1]}. Rerun make_corrupted.py for this protocol into it.')
+
+
+def _check_stored_leaves(cfg: Config, corrupted_root: str,
+                         cells: List[Tuple[str, int]]) -> None:
+    """:func:`check_stored_paths` for every dataset of the test dataloader (built once here)."""
+    from mmengine.registry import DATASETS
+    for leaf in leaf_datasets(cfg.test_dataloader['dataset']):
+        leaf = copy.deepcopy(leaf)
+        leaf['pipeline'] = []  # NOTE: only the sample list is read
+        dataset = DATASETS.build(leaf)
+        if hasattr(dataset, 'full_init'):
+            dataset.full_init()
+        check_stored_paths(dataset, leaf.get('data_root'), corrupted_root, cells)
 
 
 # -- the results file ------------------------------------------------------------------------------
@@ -217,15 +268,17 @@ class _Plan:
     error: Optional[BaseException] = None  # raised on every rank
 
 
-def _plan_on_rank0(results: RobustnessResults, protocol: Protocol, folder: str,
-                   shard: Optional[Tuple[int, int]] = None,
-                   attacks: Optional[Dict[str, Dict]] = None) -> _Plan:
+def _plan_on_rank0(results: RobustnessResults, folder: str,
+                   shard: Optional[Tuple[int, int]] = None) -> _Plan:
     """The cells left to do (of ``shard`` only, if given); predictions a killed run saved are
     used instead of inference."""
-    saved, foreign = saved_cells(folder, identity_sha256(results.identity))
-    for path in foreign:
-        print_log(f'removing {path}: predictions of another evaluation (or unreadable)',
-                  logger='current', level=30)
+    cells = planned_cells(results.identity)
+    if shard is not None:
+        cells = shard_cells(cells, *shard)
+    saved, unused = saved_cells(folder, identity_sha256(results.identity), cells)
+    for path in unused:
+        print_log(f'removing {path} (not of this evaluation, see above)', logger='current',
+                  level=30)
         os.remove(path)
     if osp.isdir(folder):
         for name in os.listdir(folder):  # NOTE: half-written by a killed run, never used
@@ -233,9 +286,6 @@ def _plan_on_rank0(results: RobustnessResults, protocol: Protocol, folder: str,
                 os.remove(osp.join(folder, name))
     for cell in [c for c in saved if results.done(*c)]:  # killed after recording, before removal
         os.remove(saved.pop(cell))
-    cells = [(CLEAN, 0)] + protocol.cells() + attack_cells(attacks or {})
-    if shard is not None:
-        cells = shard_cells(cells, *shard)
     todo = [(c, s) for c, s in cells if not results.done(c, s)]
     if saved:
         print_log(f'{len(saved)} cell(s) resume from their saved predictions in {folder} '
@@ -269,8 +319,9 @@ class _InFlight:
     timing: Dict[str, Any]
 
 
-def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: str, seed: int = 0,
-                        bgr_compat: bool = False, corrupted_root: Optional[str] = None,
+def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: str,
+                        seed: Optional[int] = None, bgr_compat: Optional[bool] = None,
+                        corrupted_root: Optional[str] = None,
                         checkpoint: str = '', save_predictions: Optional[str] = None,
                         progress: bool = True, checkpoint_load: Optional[Dict] = None,
                         coco_backend: Optional[str] = None,
@@ -280,6 +331,11 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
                         per_image: bool = True) -> Dict:
     """Evaluate the clean set and every cell of ``protocol``; returns the results dict (rank 0;
     an empty dict on the other ranks).
+
+    ``seed`` and ``bgr_compat`` (None: not given) default to 0 and RGB on the fly; a stored set
+    (``corrupted_root``, checked by :func:`~mmrobust.corruptions.stored.read_stored_set`) has
+    its own, from its manifest, which the given ones must agree with. The results identity
+    (:func:`~.results.make_identity`) records them, the set's provenance and the attacks.
 
     ``runner`` has its model built and its checkpoint loaded already (once for all cells);
     ``checkpoint_load`` (what the strict load found: tensors matched, missing / unexpected keys,
@@ -320,9 +376,21 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         raise ValueError(f'metric_queue must be 0 (serial) or more, got {metric_queue}')
     if shard is not None:
         parse_shard(f'{shard[0]}/{shard[1]}')  # NOTE: raises ShardError when out of range
-    if corrupted_root is None:
-        for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
-            find_loading_step(list(dataset['pipeline']))
+    for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
+        find_loading_step(list(dataset['pipeline']))
+    stored_set = None
+    if corrupted_root is not None:  # NOTE: the set's own seed and colour order are recorded
+        manifest = read_stored_set(corrupted_root)
+        seed, bgr_compat = stored_settings(corrupted_root, manifest, seed, bgr_compat)
+        stored_set = stored_set_identity(manifest)
+        if manifest is None:
+            print_log(f'{corrupted_root} has no {MANIFEST} (not written by make_corrupted.py): '
+                      'how its cells were made is unknown; the results record that (stored_set) '
+                      f'and the seed / colour mode given ({seed}, bgr_compat={bgr_compat})',
+                      logger='current', level=30)
+    else:
+        seed = 0 if seed is None else seed
+        bgr_compat = bool(bgr_compat)
     if attacks:  # NOTE: stop before any inference when the attacks cannot run
         check_attack_pipeline(cfg)
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
@@ -343,29 +411,15 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     plan: Optional[_Plan] = None
     if rank == 0:  # NOTE: only rank 0 reads the results file (it may be node-local)
         try:
-            identity = {
-                'protocol': protocol.name,
-                'cells_planned': {c: list(s) for c, s in protocol.severities.items()},
-                'seed': seed, 'bgr_compat': bgr_compat,
-                'source': 'stored' if corrupted_root else 'on-the-fly',
-                'corrupted_root': corrupted_root,
-                'config': cfg.filename, 'config_sha256': config_sha256(cfg),
-                'checkpoint': checkpoint,
-                'checkpoint_sha256': file_sha256(checkpoint) if checkpoint else None,
-                'scope': cfg.get('default_scope'), 'mmrobust': __version__,
-                'shard': {'index': shard[0], 'count': shard[1]} if shard else None,
-            }
-            if attacks:  # NOTE: absent without attacks, so earlier results files still resume
-                identity['attacks'] = attacks
-            if checkpoint_load is not None:
-                identity['checkpoint_load'] = checkpoint_load
-                if any(checkpoint_load.get(k) for k in ('missing', 'unexpected', 'errors')):
-                    identity['partial_load'] = {k: checkpoint_load[k] for k in (
-                        'missing', 'unexpected', 'errors') if checkpoint_load.get(k)}
+            identity = make_identity(
+                protocol, seed, bgr_compat, stored_set=stored_set, corrupted_root=corrupted_root,
+                attacks=attacks, config=cfg.filename, config_sha256=config_sha256(cfg),
+                checkpoint=checkpoint, scope=cfg.get('default_scope'), shard=shard,
+                checkpoint_load=checkpoint_load)
             results = RobustnessResults(results_path, identity)
             if backends:  # the latest run's; each cell records its own in its timing
                 results.data['coco_backend'] = ', '.join(backends)
-            plan = _plan_on_rank0(results, protocol, folder, shard, attacks or {})
+            plan = _plan_on_rank0(results, folder, shard)
         except Exception as err:
             plan = _Plan(infer=[], error=err)
     plan = _broadcast_plan(plan)
@@ -531,8 +585,7 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     if rank == 0:
         assert results is not None
         results.data['loader'] = loader_kind
-        if all(results.done(c, s) for c, s in [(CLEAN, 0)] + protocol.cells()
-               + attack_cells(attacks or {})):
+        if all(results.done(c, s) for c, s in planned_cells(results.identity)):
             results.data.pop('partial', None)  # NOTE: a partial merge, completed by this run
         summary = _time_summary(results, plan, time.perf_counter() - run_start)
         results.data['time'] = summary
@@ -547,7 +600,7 @@ def _image_roots(cfg: Config, corrupted_root: Optional[str], cell: Tuple[str, in
                  ) -> Tuple[str, ...]:
     """Folders under which an image's relative path is the same in every cell: the stored
     set's folder of ``cell``, then the datasets' data roots."""
-    roots = [osp.join(corrupted_root, cell[0], str(cell[1]))] if corrupted_root else []
+    roots = [cell_folder(corrupted_root, *cell)] if corrupted_root else []
     for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
         if dataset.get('data_root'):
             roots.append(str(dataset['data_root']))
@@ -581,6 +634,8 @@ def _per_cell_cells(runner, cfg: Config, cells: List[Tuple[str, int]], metric_cf
     """Each cell's inference with its own dataloader (the dataset rebuilt per cell): yields
     ``(cell, gathered results or None, the loop's metrics, dataset_meta, timing)``. Attack
     cells (of ``attacks``) read the clean images and attack them in the data preprocessor."""
+    if corrupted_root:  # NOTE: every sample's stored path, before the first cell's inference
+        _check_stored_leaves(cfg, corrupted_root, cells)
     counted = False
     for cell in cells:
         progress_bar.describe(_label(cell))

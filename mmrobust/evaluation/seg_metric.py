@@ -25,17 +25,24 @@ def confusion_areas(pred_label: torch.Tensor, label: torch.Tensor, num_classes: 
     pred_label, label = pred_label.reshape(-1).long(), label.reshape(-1).long()
     if pred_label.numel() == 0:
         return IoUMetric.intersect_and_union(pred_label, label, num_classes, ignore_index)
-    # ignored pixels go to an extra row of the matrix, dropped below (no masked copies)
-    row = torch.where(label == ignore_index, num_classes, label)
-    if (int(row.min()) < 0 or int(row.max()) > num_classes or int(pred_label.min()) < 0
-            or int(pred_label.max()) >= num_classes):
-        # NOTE: a value outside the classes counts where it is in range, as histc counts it
+    if int(pred_label.min()) < 0 or int(pred_label.max()) >= num_classes:
+        # NOTE: a predicted value outside the classes counts where histc counts it
         return IoUMetric.intersect_and_union(pred_label, label, num_classes, ignore_index)
+    # Rows of the confusion matrix: the classes, then one row for a label outside them (e.g.
+    # ``num_classes`` itself, or -1) and one for ``ignore_index``. mmseg drops only ignored
+    # pixels: a pixel whose label is outside the classes still counts its prediction in the
+    # prediction and union areas (histc skips the label, not the pixel), so that row is kept
+    # for the column sums and the ignored row is dropped.
+    outside, ignored = num_classes, num_classes + 1
+    in_range = (label >= 0) & (label < num_classes)
+    row = torch.where(label == ignore_index, ignored, torch.where(in_range, label, outside))
     confusion = torch.bincount(row * num_classes + pred_label,
-                               minlength=(num_classes + 1) * num_classes)
-    confusion = confusion.reshape(num_classes + 1, num_classes)[:num_classes].cpu()
+                               minlength=(num_classes + 2) * num_classes)
+    confusion = confusion.reshape(num_classes + 2, num_classes).cpu()
+    counted = confusion[:ignored]  # every pixel that is not ignored
+    confusion = counted[:num_classes]
     intersect = confusion.diagonal().float()
-    area_pred, area_label = confusion.sum(0).float(), confusion.sum(1).float()
+    area_pred, area_label = counted.sum(0).float(), confusion.sum(1).float()
     return intersect, area_pred + area_label - intersect, area_pred, area_label
 
 

@@ -15,7 +15,7 @@ import os.path as osp
 import pickle
 import re
 import types
-from typing import Any, BinaryIO, Callable, List, Optional, Union
+from typing import Any, BinaryIO, Callable, Dict, List, Optional, Union
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from mmengine.runner.checkpoint import CheckpointLoader
 from .errors import InputNotFoundError, MMRobustError
 
 __all__ = ['UnsafeCheckpointError', 'NotACheckpointError', 'safe_load', 'register_safe_globals',
-           'safe_globals', 'load_from_local', 'install_safe_checkpoint_loader',
+           'safe_globals', 'data_globals', 'load_from_local', 'install_safe_checkpoint_loader',
            'load_lightning_checkpoint', 'STUBBED_NAMESPACES']
 
 
@@ -71,6 +71,20 @@ def register_safe_globals(*objs: Any) -> None:
 def safe_globals() -> List[Any]:
     """The current allow-list (torch's own tensor/container types are always allowed)."""
     return list(_SAFE_GLOBALS)
+
+
+def data_globals() -> Dict[str, Any]:
+    """The globals that plain data pickles name, by pickled name: torch's ``weights_only``
+    allow-list (dtypes, devices, containers), numpy's arrays, scalars and dtypes, and a few
+    builtins; none of them runs code. For restricted unpicklers of data files (e.g. the
+    robustness loop's saved predictions)."""
+    import collections
+    allowed = dict(torch._weights_only_unpickler._get_allowed_globals())
+    allowed.update({_global_name(g): g for g in _numpy_globals()})
+    allowed.update({'collections.OrderedDict': collections.OrderedDict, 'builtins.set': set,
+                    'builtins.frozenset': frozenset, 'builtins.slice': slice,
+                    'builtins.complex': complex, 'builtins.bytearray': bytearray})
+    return allowed
 
 
 def _global_name(obj: Any) -> str:
