@@ -75,11 +75,12 @@ def free_port() -> int:
 
 
 
-def _rank_entry(fn: Callable, rank: int, world: int, port: int, args: tuple, queue) -> None:
+def _rank_entry(fn: Callable, rank: int, world: int, port: int, args: tuple, queue,
+                timeout_s: float = 60) -> None:
     import torch.distributed as dist
     try:
         dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=60))
+                                world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
         try:
             # NOTE: plain pickle: a queue shares tensors by file descriptor with a process
             # that may have exited by the time they are read
@@ -90,14 +91,16 @@ def _rank_entry(fn: Callable, rank: int, world: int, port: int, args: tuple, que
         queue.put((rank, traceback.format_exc(), None))
 
 
-def run_ranks(fn: Callable, *args: Any, world: int = 2, limit: float = 180) -> List[Any]:
+def run_ranks(fn: Callable, *args: Any, world: int = 2, limit: float = 180,
+              group_timeout_s: float = 60) -> List[Any]:
     """``[fn(rank, world, *args) for each rank]``, run in ``world`` spawned processes joined in a
-    gloo group (``fn`` a module-level function, its results picklable); a rank's exception
-    fails the test with its traceback."""
+    gloo group whose collectives time out after ``group_timeout_s`` (``fn`` a module-level
+    function, its results picklable); a rank's exception fails the test with its traceback."""
     context = multiprocessing.get_context('spawn')
     queue = context.Queue()
     port = free_port()
-    procs = [context.Process(target=_rank_entry, args=(fn, r, world, port, args, queue))
+    procs = [context.Process(target=_rank_entry,
+                             args=(fn, r, world, port, args, queue, group_timeout_s))
              for r in range(world)]
     for p in procs:
         p.start()

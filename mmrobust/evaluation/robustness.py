@@ -247,6 +247,8 @@ def _numeric(metrics: Dict) -> Dict[str, float]:
 
 def _loading_share(runner, iterations: int) -> Dict[str, float]:
     """Seconds the test loop waited for data vs. its total, from mmengine's IterTimerHook."""
+    if iterations <= 0:  # NOTE: [-0:] would be every iteration of the run
+        return {'data_wait_s': 0.0, 'iter_s': 0.0}
     hub = runner.message_hub
     try:
         waits = hub.get_scalar('test/data_time').data[0][-iterations:]
@@ -711,24 +713,30 @@ def _one_pass_cells(runner, cfg: Config, cells: List[Tuple[str, int]], evaluator
 
 def _iterate_one_pass(runner, loop, cells, per_cell: int, images: int, world: int,
                       progress_bar: Progress):
+    """Cell by cell: this rank's ``per_cell`` batches of the cell, then every metric's gather,
+    on every rank, even one without a batch of the cell (``round_up=False`` with fewer images
+    than ranks, ``drop_last``): the gather is a collective."""
     runner.call_hook('before_test')
     runner.call_hook('before_test_epoch')
     runner.model.eval()
-    start, shown = time.perf_counter(), 0
-    for index, batch in enumerate(loop.dataloader):
-        k, b = divmod(index, per_cell)
-        if b == 0:
-            progress_bar.describe(_label(cells[k]))
-        loop.run_iter(index, batch)
-        # NOTE: this rank's samples times the ranks, as far as the cell has images
-        seen = min(images, (b + 1) * len(batch['inputs']) * world)
-        progress_bar.update(seen - shown)
-        shown = seen
-        if b == per_cell - 1:
-            parts = [_gather(metric, images) for metric in loop.evaluator.metrics]
-            timing = {'inference_s': round(time.perf_counter() - start, 3),
-                      **_loading_share(runner, per_cell)}
-            yield cells[k], parts, loop.evaluator.metrics, loop.evaluator.dataset_meta, timing
-            start, shown = time.perf_counter(), 0
+    batches = iter(loop.dataloader)
+    index = 0
+    for cell in cells:
+        progress_bar.describe(_label(cell))
+        start, shown = time.perf_counter(), 0
+        for b in range(per_cell):
+            batch = next(batches)
+            loop.run_iter(index, batch)
+            index += 1
+            # NOTE: this rank's samples times the ranks, as far as the cell has images
+            seen = min(images, (b + 1) * len(batch['inputs']) * world)
+            progress_bar.update(seen - shown)
+            shown = seen
+        if shown < images:  # NOTE: this rank had fewer (or no) batches than others
+            progress_bar.update(images - shown)
+        parts = [_gather(metric, images) for metric in loop.evaluator.metrics]
+        timing = {'inference_s': round(time.perf_counter() - start, 3),
+                  **_loading_share(runner, per_cell)}
+        yield cell, parts, loop.evaluator.metrics, loop.evaluator.dataset_meta, timing
     runner.call_hook('after_test_epoch', metrics={})
     runner.call_hook('after_test')
