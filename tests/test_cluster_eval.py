@@ -48,3 +48,76 @@ def test_a_rank_without_a_batch_in_a_cell_takes_part_and_the_numbers_equal_one_r
     one = _evaluate(0, 1, SEG_CFG, ckpt, str(tmp_path / 'w1'), *args)  # NOTE: in this process
     assert sorted(two) == ['clean', 'fog', 'gaussian_noise']
     assert two == one
+
+
+def test_the_metric_worker_leaves_no_thread_in_the_loops_process(tmp_path):
+    """The dataloader workers a resume forks after the metric worker started (its saved cells
+    are handed over before inference) find no foreign thread: the worker talks through a pipe
+    (a ProcessPoolExecutor kept a manager and a feeder thread)."""
+    import threading
+
+    import torch
+
+    from mmrobust.evaluation.background import (
+        MetricWorker,
+        predictions_path,
+        save_cell_predictions,
+    )
+    path = predictions_path(str(tmp_path), 'fog', 1)
+    areas = tuple(torch.ones(3) for _ in range(4))
+    save_cell_predictions(path, 'x', 'fog', 1, [[areas]], {'classes': ('a', 'b', 'c')}, {})
+    before = set(threading.enumerate())
+    worker = MetricWorker('mmseg')
+    try:
+        job = worker.submit(path, [dict(type='IoUMetric', iou_metrics=['mIoU'])])
+        assert set(threading.enumerate()) == before  # while the worker computes
+        metrics, seconds, _ = job.result()
+        assert metrics['mIoU'] == 100.0 and seconds > 0
+        assert set(threading.enumerate()) == before
+    finally:
+        worker.close()
+
+
+LAB_METRIC = '''
+from mmseg.evaluation import IoUMetric
+from mmseg.registry import METRICS
+
+
+@METRICS.register_module(force=True)
+class {name}(IoUMetric):
+    """A lab's own metric, registered by a module of its own."""
+'''
+
+
+def test_a_metric_of_a_user_module_is_computed_by_the_worker(toy_data, tmp_path, monkeypatch):
+    """The config's custom_imports register the metric; the worker imports them too (before,
+    the run failed after the whole inference with 'not in the metric registry')."""
+    from test_robustness import _init_checkpoint
+    (tmp_path / 'lab_metrics.py').write_text(LAB_METRIC.format(name='LabIoUMetric'))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = tmp_path / 'lab.py'
+    config.write_text(f'_base_ = [{str(REPO / SEG_CFG)!r}]\n'
+                      "custom_imports = dict(imports=['lab_metrics'], allow_failed_imports=False)\n"
+                      "test_evaluator = dict(_delete_=True, type='LabIoUMetric', "
+                      "iou_metrics=['mIoU'])\n")
+    ckpt = str(_init_checkpoint(SEG_CFG, tmp_path / 'seg.pth'))
+    monkeypatch.chdir(REPO)
+    cells = _evaluate(0, 1, str(config), ckpt, str(tmp_path / 'w'), ONE_IMAGE, ['fog'],
+                      {'metric_queue': 1, 'per_image': False})
+    assert sorted(cells) == ['clean', 'fog'] and 'mIoU' in cells['fog']['1']
+
+
+def test_a_metric_the_worker_cannot_import_stops_before_inference(tmp_path):
+    import importlib.util
+
+    import pytest
+
+    from mmrobust.evaluation.background import MetricClassError, worker_imports
+    (tmp_path / 'hidden.py').write_text(LAB_METRIC.format(name='HiddenLabIoUMetric'))
+    spec = importlib.util.spec_from_file_location('hidden_lab_metrics', tmp_path / 'hidden.py')
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))  # by path: not importable
+    with pytest.raises(MetricClassError, match="HiddenLabIoUMetric is defined in "
+                                               "'hidden_lab_metrics', which the metric worker"):
+        worker_imports(dict(type='HiddenLabIoUMetric'), None, 'mmseg')
+    assert worker_imports([dict(type='IoUMetric')], dict(imports=['os']), 'mmseg') == [
+        'os', 'mmseg.evaluation.metrics.iou_metric']

@@ -14,7 +14,6 @@ import os
 import os.path as osp
 import pickle
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from mmengine.dist import collect_results, get_dist_info
@@ -22,9 +21,11 @@ from mmengine.evaluator.metric import _to_cpu
 from mmengine.logging import print_log
 from mmengine.runner import TestLoop
 
+from ..utils.errors import ConfigError
 from ..utils.io import TMP_MARK, atomic_write
 
-__all__ = ['PREDICTIONS_FORMAT', 'InferenceLoop', 'MetricWorker', 'MetricWorkerError',
+__all__ = ['PREDICTIONS_FORMAT', 'InferenceLoop', 'MetricClassError', 'MetricWorker',
+           'MetricWorkerError', 'WorkerDiedError', 'worker_imports',
            'compute_metrics', 'load_cell_predictions', 'predictions_dir', 'predictions_path',
            'read_predictions_header', 'save_cell_predictions', 'saved_cells']
 
@@ -35,6 +36,10 @@ DELAY_ENV = 'MMROBUST_METRIC_WORKER_DELAY_S'
 
 class MetricWorkerError(RuntimeError):
     """The metric worker died, or its metric failed, while computing a cell."""
+
+
+class MetricClassError(ConfigError):
+    """A metric whose class the metric worker cannot import (the message says what to do)."""
 
 
 # -- inference without the metric's computation ----------------------------------------------------
@@ -283,32 +288,181 @@ def _compute_file(path: str, metric_cfgs: Sequence[Mapping], scope: Optional[str
     return metrics, time.perf_counter() - start, payload['timing']
 
 
+class WorkerDiedError(RuntimeError):
+    """The metric worker process ended (killed, out of memory) with cells in its hands."""
+
+
+def _shareable(err: BaseException) -> BaseException:
+    """``err`` if it pickles, else a RuntimeError with its message (it crosses a pipe)."""
+    try:
+        pickle.dumps(err)
+        return err
+    except Exception:
+        return RuntimeError(f'{type(err).__name__}: {err}')
+
+
+def _worker_main(conn: Any, scope: Optional[str], imports: Sequence[str]) -> None:
+    """The metric worker's loop: import what the metrics need, then compute the cells it is
+    sent, in order, sending back ``(seq, ok, result or error)``; ``None`` ends it."""
+    import importlib
+    try:
+        import mmrobust  # noqa: F401  (registers mmrobust's metrics in a fresh worker)
+        for module in imports:  # NOTE: the config's custom_imports and the metrics' modules
+            importlib.import_module(module)
+    except BaseException as err:
+        conn.send((-1, False, _shareable(err)))
+        return
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # NOTE: the loop's process ended
+            return
+        if message is None:
+            return
+        seq, args = message
+        try:
+            conn.send((seq, True, _compute_file(*args[:2], scope, *args[2:])))
+        except BaseException as err:
+            conn.send((seq, False, _shareable(err)))
+
+
+class _Job:
+    """A cell handed to the :class:`MetricWorker`: ``done()`` and ``result()`` as a future's."""
+
+    def __init__(self, worker: 'MetricWorker', seq: int) -> None:
+        self.worker, self.seq = worker, seq
+
+    def done(self) -> bool:
+        self.worker._receive(block=False)
+        return self.seq in self.worker._answers or self.worker._broken is not None
+
+    def result(self) -> Tuple[Dict[str, Any], float, Dict[str, Any]]:
+        while self.seq not in self.worker._answers:
+            if self.worker._broken is not None:
+                raise WorkerDiedError(self.worker._broken)
+            self.worker._receive(block=True)
+        ok, value = self.worker._answers.pop(self.seq)
+        if not ok:
+            raise value
+        return value
+
+
 class MetricWorker:
     """One process that computes cells' metrics from their predictions files, in order.
 
-    ``submit`` returns a future of ``(metrics, seconds, inference timing)`` computed by the
-    metrics of ``metric_cfgs`` (built once per config in the worker). The process starts on the
-    first submit (``spawn``: no fork of a process holding CUDA or torch threads). A worker that
-    dies fails its future and every later one (``BrokenProcessPool``), so nothing waits on it.
+    ``submit`` returns a job whose ``result()`` is ``(metrics, seconds, inference timing)``
+    computed by the metrics of ``metric_cfgs`` (built once per config in the worker). The
+    process starts on the first submit (``spawn``: no fork of a process holding CUDA or torch
+    threads) and first imports ``imports`` (the config's ``custom_imports`` and the modules of
+    the metrics' classes, :func:`worker_imports`), so a metric registered by a user module
+    builds there too. It talks through one pipe and leaves no thread in this process (a
+    ``ProcessPoolExecutor`` keeps two), so the dataloader workers forked afterwards start from
+    a process without foreign threads. A worker that dies fails every job it held
+    (:class:`WorkerDiedError`), so nothing waits on it.
     """
 
-    def __init__(self, scope: Optional[str]) -> None:
-        self.scope = scope
-        self._pool: Optional[ProcessPoolExecutor] = None
+    def __init__(self, scope: Optional[str], imports: Sequence[str] = ()) -> None:
+        self.scope, self.imports = scope, tuple(imports)
+        self._proc: Any = None
+        self._conn: Any = None
+        self._seq = 0
+        self._answers: Dict[int, Tuple[bool, Any]] = {}
+        self._broken: Optional[str] = None
 
     def submit(self, path: str, metric_cfgs: Sequence[Mapping], stats: Optional[Any] = None
-               ) -> Future:
-        if self._pool is None:
+               ) -> _Job:
+        if self._broken is not None:
+            raise WorkerDiedError(self._broken)
+        if self._proc is None:
             import multiprocessing
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn'))
-        return self._pool.submit(_compute_file, path, [dict(c) for c in metric_cfgs],
-                                 self.scope, stats)
+            context = multiprocessing.get_context('spawn')
+            self._conn, child = context.Pipe()
+            self._proc = context.Process(target=_worker_main, name='mmrobust-metric-worker',
+                                         args=(child, self.scope, self.imports), daemon=True)
+            self._proc.start()
+            child.close()  # NOTE: so the worker's end closing reaches this end as EOF
+        self._seq += 1
+        try:
+            self._conn.send((self._seq, (path, [dict(c) for c in metric_cfgs], stats)))
+        except OSError as err:
+            self._died(f'the metric worker cannot be reached ({err})')
+            raise WorkerDiedError(self._broken) from None
+        return _Job(self, self._seq)
+
+    def _died(self, why: str) -> None:
+        code = self._proc.exitcode if self._proc is not None else None
+        self._broken = f'{why}; exit code {code}' if code is not None else why
+
+    def _receive(self, block: bool) -> None:
+        """Take the answers that arrived (``block``: wait for one)."""
+        if self._conn is None or self._broken is not None:
+            return
+        try:
+            while block or self._conn.poll():
+                seq, ok, value = self._conn.recv()
+                if seq == -1:  # NOTE: its imports failed: every cell would fail alike
+                    self._died(f'the metric worker could not import what the metrics need '
+                               f'({type(value).__name__}: {value})')
+                    return
+                self._answers[seq] = (ok, value)
+                block = False
+        except (EOFError, OSError):
+            self._died('the metric worker died')
 
     def close(self, cancel: bool = False) -> None:
-        """Stop the process (``cancel``: without finishing queued cells)."""
-        if self._pool is not None:
-            if cancel:
-                for proc in list((getattr(self._pool, '_processes', None) or {}).values()):
-                    proc.terminate()  # NOTE: a stop mid-metric must not wait for the metric
-            self._pool.shutdown(wait=True, cancel_futures=cancel)
-            self._pool = None
+        """Stop the process (``cancel``: at once, without finishing queued cells)."""
+        if self._proc is None:
+            return
+        if cancel:
+            self._proc.terminate()  # NOTE: a stop mid-metric must not wait for the metric
+        else:
+            try:
+                self._conn.send(None)
+            except OSError:
+                pass
+        self._proc.join(30)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        self._conn.close()
+        self._proc = self._conn = None
+
+
+def worker_imports(evaluator_cfg: Any, custom_imports: Optional[Mapping], scope: Optional[str]
+                   ) -> List[str]:
+    """What the metric worker imports before building the metrics: the config's
+    ``custom_imports`` and the module of each metric's class (found here, where the config's
+    imports ran).
+
+    Raises:
+        MetricClassError: a metric's class lives where a fresh process cannot import it (a
+            script's ``__main__``, a file loaded by path); says what to do.
+    """
+    import importlib.util
+
+    from mmengine.registry import METRICS
+
+    from .coco_metric import _metric_entries
+    modules = (custom_imports or {}).get('imports') or []
+    modules = [modules] if isinstance(modules, str) else list(modules)
+    for entry in _metric_entries(evaluator_cfg):
+        kind = entry.get('type')
+        with METRICS.switch_scope_and_registry(scope) as registry:  # NOTE: as build() finds it
+            cls = kind if isinstance(kind, type) else registry.get(kind)
+        if cls is None:
+            continue  # NOTE: the loop's own build names what is unknown, before inference
+        module = cls.__module__
+        spec = None
+        if module != '__main__':
+            try:
+                spec = importlib.util.find_spec(module)
+            except (ImportError, ValueError):
+                spec = None
+        if spec is None:
+            raise MetricClassError(
+                f'the metric {cls.__name__} is defined in {module!r}, which the metric worker '
+                '(a fresh process) cannot import. Define it in an importable module and list '
+                'that module in the config\'s custom_imports, or compute the metrics in this '
+                'process with --metric-queue 0.')
+        modules.append(module)
+    return list(dict.fromkeys(modules))

@@ -16,8 +16,6 @@ import os
 import os.path as osp
 import time
 from collections import deque
-from concurrent.futures import Future
-from concurrent.futures.process import BrokenProcessPool
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -52,6 +50,7 @@ from .background import (
     InferenceLoop,
     MetricWorker,
     MetricWorkerError,
+    WorkerDiedError,
     _gather,
     compute_metrics,
     load_cell_predictions,
@@ -59,6 +58,7 @@ from .background import (
     predictions_path,
     save_cell_predictions,
     saved_cells,
+    worker_imports,
 )
 from .coco_metric import (
     DEFAULT_ROBUSTNESS_BACKEND,
@@ -317,7 +317,7 @@ def _broadcast_plan(plan: Optional[_Plan]) -> _Plan:
 class _InFlight:
     cell: Tuple[str, int]
     path: str
-    future: Future
+    future: Any  # a MetricWorker job: done(), result()
     timing: Dict[str, Any]
 
 
@@ -406,6 +406,9 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         for entry in _metric_entries(cell_evaluator):
             if entry.get('type') in ('RobustCocoMetric', 'FastIoUMetric'):
                 entry['per_image'] = True
+    # NOTE: every rank, before any inference: a metric the worker could not build stops here
+    imports = worker_imports(cell_evaluator, cfg.get('custom_imports'),
+                             cfg.get('default_scope')) if metric_queue else []
     stats_folder = stats_dir(results_path) if per_image else None
     rank, _ = get_dist_info()
     folder = predictions_dir(results_path)
@@ -437,7 +440,8 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
 
     progress_bar = Progress(0, 'image', protocol.name, enabled=progress and rank == 0)
     in_flight: deque = deque()
-    worker = MetricWorker(cfg.get('default_scope')) if metric_queue and rank == 0 else None
+    worker = MetricWorker(cfg.get('default_scope'), imports) if metric_queue and rank == 0 \
+        else None
 
     def stats_target(cell: Tuple[str, int]) -> Optional[StatsTarget]:
         """Where the cell's per-image statistics go (rank 0; None: not kept)."""
@@ -473,11 +477,11 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
             start = time.perf_counter()
             try:
                 metrics, seconds, saved_timing = job.future.result()
-            except BrokenProcessPool as err:
+            except WorkerDiedError as err:
                 raise MetricWorkerError(
                     f'the metric worker died while computing the metrics of cell {job.cell[0]} '
-                    f'{job.cell[1]}; its predictions are kept in {job.path}. Rerun the same '
-                    'command: it resumes and computes the metric of that cell from them, '
+                    f'{job.cell[1]} ({err}); its predictions are kept in {job.path}. Rerun the '
+                    'same command: it resumes and computes the metric of that cell from them, '
                     'without inference.') from err
             except Exception as err:
                 raise MetricWorkerError(
@@ -497,11 +501,11 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
             settle(block=True)
         try:
             future = worker.submit(path, metric_cfgs(cell)[1], stats_target(cell))
-        except BrokenProcessPool:
+        except WorkerDiedError as err:
             while in_flight:  # NOTE: names the cell the worker held when it died
                 settle(block=True)
             raise MetricWorkerError(
-                f'the metric worker died before it took cell {cell[0]} {cell[1]}; its '
+                f'the metric worker died before it took cell {cell[0]} {cell[1]} ({err}); its '
                 f'predictions are kept in {path}. Rerun the same command: it resumes from them '
                 'without inference.') from None
         in_flight.append(_InFlight(cell, path, future, timing))
