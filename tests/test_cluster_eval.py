@@ -121,3 +121,57 @@ def test_a_metric_the_worker_cannot_import_stops_before_inference(tmp_path):
         worker_imports(dict(type='HiddenLabIoUMetric'), None, 'mmseg')
     assert worker_imports([dict(type='IoUMetric')], dict(imports=['os']), 'mmseg') == [
         'os', 'mmseg.evaluation.metrics.iou_metric']
+
+
+def _det_sample(masks: int = 100, h: int = 480, w: int = 640) -> dict:
+    """A Mask R-CNN sample as Evaluator.process hands it: full-size elliptic masks, and the
+    ground truth with its masks."""
+    import numpy as np
+    import torch
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[:h, :w]
+    cy, cx = rng.uniform(0, h, masks), rng.uniform(0, w, masks)
+    ry, rx = rng.uniform(10, h / 3, masks), rng.uniform(10, w / 3, masks)
+    full = np.stack([((yy - cy[i]) / ry[i]) ** 2 + ((xx - cx[i]) / rx[i]) ** 2 <= 1
+                     for i in range(masks)])
+    pred = {'bboxes': torch.rand(masks, 4) * 400, 'scores': torch.rand(masks),
+            'labels': torch.randint(0, 80, (masks, )), 'masks': torch.from_numpy(full)}
+    return {'img_id': 1, 'img_path': 'a.jpg', 'ori_shape': (h, w), 'pred_instances': pred,
+            'gt_instances': {'masks': torch.from_numpy(full[:20]), 'labels': pred['labels'][:20]}}
+
+
+def test_saved_predictions_are_compact_and_complete():
+    """--save-predictions keeps RLE masks (as mmdet's DumpDetResults) and uint8 label maps, no
+    logits and no ground truth: bytes per image measured against what DumpResults kept."""
+    import pickle
+
+    import numpy as np
+    import torch
+    from mmengine.evaluator.metric import _to_cpu
+    from pycocotools import mask as mask_utils
+
+    from mmrobust.evaluation.dump import DumpRobustPredictions, compact_sample
+    det = _det_sample()
+    raw, kept = pickle.dumps(_to_cpu(det)), compact_sample(det)
+    small = pickle.dumps(kept)
+    print(f'detection, 100 masks of 640x480: {len(raw)} -> {len(small)} bytes per image')
+    assert len(small) < len(raw) / 100 and 'gt_instances' not in kept
+    decoded = mask_utils.decode(kept['pred_instances']['masks']).transpose(2, 0, 1)
+    assert np.array_equal(decoded, det['pred_instances']['masks'].numpy())
+    assert np.array_equal(kept['pred_instances']['scores'], det['pred_instances']['scores'])
+
+    labels = torch.randint(0, 19, (1, 512, 1024))
+    seg = {'img_path': 'b.png', 'seg_logits': {'data': torch.rand(19, 512, 1024)},
+           'pred_sem_seg': {'data': labels}, 'gt_sem_seg': {'data': labels.clone()}}
+    raw, kept = pickle.dumps(_to_cpu(seg)), compact_sample(seg)
+    small = pickle.dumps(kept)
+    print(f'segmentation, 19 classes at 1024x512: {len(raw)} -> {len(small)} bytes per image')
+    assert kept['pred_sem_seg']['data'].dtype == np.uint8
+    assert np.array_equal(kept['pred_sem_seg']['data'], labels.numpy())
+    assert set(kept) == {'img_path', 'pred_sem_seg'} and len(small) < 1024 * 512 + 1000
+    wide = compact_sample({'pred_sem_seg': {'data': torch.tensor([[0, 300]])}})
+    assert wide['pred_sem_seg']['data'].dtype == np.uint16
+
+    dump = DumpRobustPredictions(out_file_path='x.pkl')
+    dump.process({}, [det, seg])
+    assert [set(r) for r in dump.results] == [set(compact_sample(det)), set(kept)]

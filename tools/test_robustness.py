@@ -79,8 +79,9 @@ def parse_args() -> argparse.Namespace:
                         help='if another run writes the same results file, wait for it to finish '
                              'instead of stopping (then resume what it left)')
     parser.add_argument('--save-predictions', default=None, metavar='DIR',
-                        help='also dump raw predictions, one DIR/<corruption>_<severity>.pkl '
-                             'per cell')
+                        help='also keep the predictions, one DIR/<corruption>_<severity>.pkl '
+                             'per cell: boxes, scores, labels and RLE masks, or uint8 label maps '
+                             '(no logits, no ground truth)')
     parser.add_argument('--coco-backend', default=None, choices=sorted(COCO_BACKENDS),
                         help='COCO evaluation library of the COCO metrics (default: the '
                              f"metric's own `backend`, else {DEFAULT_ROBUSTNESS_BACKEND}; all "

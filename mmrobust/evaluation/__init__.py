@@ -2,6 +2,7 @@
 from ..utils.io import ResultsMismatchError
 from .background import MetricWorkerError
 from .coco_metric import COCO_BACKENDS, RobustCocoMetric, coco_backend
+from .dump import DumpRobustPredictions
 from .metrics import CLEAN, robustness_summary
 from .results import RESULTS_FORMAT, RobustnessResults, load_results, report_dir
 from .robustness import (
@@ -15,7 +16,8 @@ from .robustness import (
 from .seg_metric import FastIoUMetric
 from .vq_metric import VQReconstructionMetric
 
-__all__ = ['CLEAN', 'COCO_BACKENDS', 'DEFAULT_METRIC_QUEUE', 'FastIoUMetric', 'MetricWorkerError',
+__all__ = ['CLEAN', 'COCO_BACKENDS', 'DEFAULT_METRIC_QUEUE', 'DumpRobustPredictions',
+           'FastIoUMetric', 'MetricWorkerError',
            'RESULTS_FORMAT', 'RobustCocoMetric', 'coco_backend', 'PipelineError',
            'ResultsMismatchError', 'RobustnessResults', 'cell_dataloader', 'evaluate_robustness',
            'find_loading_step', 'load_results', 'report_dir', 'results_lock',

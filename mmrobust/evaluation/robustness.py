@@ -434,7 +434,7 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         evaluator = copy.deepcopy(cell_evaluator)
         if save_predictions:
             evaluator = list(evaluator) if isinstance(evaluator, (list, tuple)) else [evaluator]
-            evaluator.append(dict(type='DumpResults', out_file_path=osp.join(
+            evaluator.append(dict(type='DumpRobustPredictions', out_file_path=osp.join(
                 save_predictions, f'{cell[0]}_{cell[1]}.pkl')))
         return evaluator, _metric_entries(evaluator)
 
@@ -517,7 +517,7 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         if worker is None:  # serial: the metric right after the cell's inference
             start = time.perf_counter()
             for metric, entry in zip(metrics_of_loop, metric_cfgs(cell)[1]):
-                if 'out_file_path' in entry:  # NOTE: one DumpResults serves every cell
+                if 'out_file_path' in entry:  # NOTE: one dump metric serves every cell
                     metric.out_file_path = entry['out_file_path']
             metrics = compute_metrics(metrics_of_loop, parts)
             timing['metric_s'] = timing['wait_s'] = round(time.perf_counter() - start, 3)
