@@ -4,6 +4,8 @@ workers."""
 import os
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO, run_ranks
 
 SEG_CFG = 'configs/toy/segformer_mit-b0_toy-cityscapes.py'
@@ -110,8 +112,6 @@ def test_a_metric_of_a_user_module_is_computed_by_the_worker(toy_data, tmp_path,
 def test_a_metric_the_worker_cannot_import_stops_before_inference(tmp_path):
     import importlib.util
 
-    import pytest
-
     from mmrobust.evaluation.background import MetricClassError, worker_imports
     (tmp_path / 'hidden.py').write_text(LAB_METRIC.format(name='HiddenLabIoUMetric'))
     spec = importlib.util.spec_from_file_location('hidden_lab_metrics', tmp_path / 'hidden.py')
@@ -175,3 +175,77 @@ def test_saved_predictions_are_compact_and_complete():
     dump = DumpRobustPredictions(out_file_path='x.pkl')
     dump.process({}, [det, seg])
     assert [set(r) for r in dump.results] == [set(compact_sample(det)), set(kept)]
+
+
+FILES_METRIC = '''
+import os
+import uuid
+
+from mmengine.evaluator import BaseMetric
+from mmseg.registry import METRICS
+
+
+@METRICS.register_module(force=True)
+class LabFilesMetric(BaseMetric):
+    """Writes a file per image as it processes and reads its folder back to compute, as
+    mmseg's CityscapesMetric does."""
+
+    def __init__(self, output_dir, **kwargs):
+        super().__init__(**kwargs)
+        self.output_dir = output_dir
+
+    def process(self, data_batch, data_samples):
+        os.makedirs(self.output_dir, exist_ok=True)
+        for sample in data_samples:
+            name = os.path.join(self.output_dir, uuid.uuid4().hex)
+            with open(name, 'w') as f:
+                f.write(sample['img_path'])
+            self.results.append(name)
+
+    def compute_metrics(self, results):
+        return {'files': float(len(os.listdir(self.output_dir)))}
+'''
+
+
+@pytest.mark.parametrize('queue', [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_metric_that_writes_files_reads_only_its_cells(toy_data, tmp_path, monkeypatch, queue):
+    """Three cells of two images, the metric right after each cell (queue 0) or a cell behind
+    (queue 2, the worker waits 3 s): each cell's metric reads its own two files (before, one
+    folder for every cell: a cell counted the files of the cells before it, or after it)."""
+    from test_robustness import _init_checkpoint
+
+    from mmrobust.evaluation.background import DELAY_ENV
+    (tmp_path / 'lab_files.py').write_text(FILES_METRIC)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(DELAY_ENV, '3')
+    config = tmp_path / 'files.py'
+    config.write_text(f'_base_ = [{str(REPO / SEG_CFG)!r}]\n'
+                      "custom_imports = dict(imports=['lab_files'], allow_failed_imports=False)\n"
+                      "test_evaluator = dict(_delete_=True, type='LabFilesMetric', "
+                      f"output_dir={str(tmp_path / 'out')!r})\n")
+    ckpt = str(_init_checkpoint(SEG_CFG, tmp_path / 'seg.pth'))
+    monkeypatch.chdir(REPO)
+    options = {**ONE_IMAGE, 'test_dataloader.dataset.indices': 2}
+    cells = _evaluate(0, 1, str(config), ckpt, str(tmp_path / 'w'), options,
+                      ['gaussian_noise', 'fog'], {'metric_queue': queue, 'per_image': False})
+    assert {c: next(iter(by.values()))['files'] for c, by in cells.items()} == {
+        'clean': 2.0, 'fog': 2.0, 'gaussian_noise': 2.0}
+    assert sorted(p.name for p in (tmp_path / 'out').iterdir()) == [
+        'clean_0', 'fog_1', 'gaussian_noise_1']
+    import json
+    assert json.loads((tmp_path / 'w' / 'results.json').read_text())['loader'].startswith(
+        'per-cell (LabFilesMetric write files')
+
+
+def test_format_only_is_refused_and_outputs_are_made_each_cells_own():
+    from mmrobust.evaluation.robustness import cell_metric_outputs, side_file_metrics
+    from mmrobust.utils.errors import ConfigError
+    with pytest.raises(ConfigError, match='CocoMetric is format_only'):
+        side_file_metrics([dict(type='IoUMetric'), dict(type='CocoMetric', format_only=True)])
+    assert side_file_metrics(dict(type='CocoMetric', outfile_prefix='x')) is None
+    assert 'CityscapesMetric' in side_file_metrics(dict(type='mmseg.CityscapesMetric',
+                                                        output_dir='o'))
+    evaluator = cell_metric_outputs([dict(type='CocoMetric', outfile_prefix='r/x'),
+                                     dict(type='CityscapesMetric', output_dir='o')], ('fog', 3))
+    assert evaluator == [dict(type='CocoMetric', outfile_prefix='r/x_fog_3'),
+                         dict(type='CityscapesMetric', output_dir='o/fog_3')]

@@ -406,6 +406,9 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         for entry in _metric_entries(cell_evaluator):
             if entry.get('type') in ('RobustCocoMetric', 'FastIoUMetric'):
                 entry['per_image'] = True
+    writes_files = side_file_metrics(cell_evaluator)  # NOTE: format_only stops here
+    if writes_files and one_pass:
+        print_log(f'one dataloader for every cell is not used: {writes_files}', logger='current')
     # NOTE: every rank, before any inference: a metric the worker could not build stops here
     imports = worker_imports(cell_evaluator, cfg.get('custom_imports'),
                              cfg.get('default_scope')) if metric_queue else []
@@ -431,7 +434,7 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
 
     def metric_cfgs(cell: Tuple[str, int]) -> Tuple[Any, List[Dict]]:
         """The evaluator config of a cell and its metric configs, in the evaluator's order."""
-        evaluator = copy.deepcopy(cell_evaluator)
+        evaluator = cell_metric_outputs(copy.deepcopy(cell_evaluator), cell)
         if save_predictions:
             evaluator = list(evaluator) if isinstance(evaluator, (list, tuple)) else [evaluator]
             evaluator.append(dict(type='DumpRobustPredictions', out_file_path=osp.join(
@@ -517,8 +520,9 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         if worker is None:  # serial: the metric right after the cell's inference
             start = time.perf_counter()
             for metric, entry in zip(metrics_of_loop, metric_cfgs(cell)[1]):
-                if 'out_file_path' in entry:  # NOTE: one dump metric serves every cell
-                    metric.out_file_path = entry['out_file_path']
+                for key in ('out_file_path', 'outfile_prefix'):  # NOTE: the one-pass loop's
+                    if entry.get(key):  # metrics serve every cell; these are the cell's own
+                        setattr(metric, key, entry[key])
             metrics = compute_metrics(metrics_of_loop, parts)
             timing['metric_s'] = timing['wait_s'] = round(time.perf_counter() - start, 3)
             record(cell, metrics, timing, None)
@@ -550,7 +554,9 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         corrupted = [c for c in plan.infer if not is_attack_cell(c[0])]
         if corrupted:
             inference = None
-            if one_pass:
+            if writes_files:
+                loader_kind = f'per-cell ({writes_files})'
+            elif one_pass:
                 try:
                     inference = _one_pass_cells(runner, cfg, corrupted, metric_cfgs(
                         corrupted[0])[0], seed, bgr_compat, corrupted_root, progress_bar)
@@ -676,6 +682,53 @@ def check_attack_pipeline(cfg: Config) -> None:
                 f'and the test pipeline does not load it: {kinds}. Add '
                 "dict(type='LoadAnnotations', ...) before the Pack step of "
                 'test_dataloader.dataset.pipeline')
+
+
+#: Metrics that write files in ``process()`` (read back in ``compute_metrics``), by type name.
+FILE_WRITING_METRICS = ('CityscapesMetric', 'CityScapesMetric')
+
+
+def _type_name(entry: Dict) -> str:
+    kind = entry.get('type', '')
+    return (kind if isinstance(kind, str) else getattr(kind, '__name__', '')).split('.')[-1]
+
+
+def side_file_metrics(evaluator_cfg: Any) -> Optional[str]:
+    """Why the cells need a dataloader each (None: they do not): a metric that writes files
+    in ``process()`` (``output_dir``, or a type of :data:`FILE_WRITING_METRICS`) must write
+    each cell's into the cell's own folder (:func:`cell_metric_outputs`), and one evaluator
+    serves every cell of the one-pass loop.
+
+    Raises:
+        ConfigError: a metric is ``format_only`` (it writes files for a test server and gives
+            no number to record).
+    """
+    from ..utils.errors import ConfigError
+    writers = []
+    for entry in _metric_entries(evaluator_cfg):
+        if entry.get('format_only'):
+            raise ConfigError(
+                f'the metric {_type_name(entry)} is format_only: it writes files for a test '
+                'server and gives no number, and a robustness run records numbers per cell. '
+                'Set format_only=False in test_evaluator (on a split with annotations).')
+        if entry.get('output_dir') or _type_name(entry) in FILE_WRITING_METRICS:
+            writers.append(_type_name(entry))
+    if writers:
+        return (f'{", ".join(writers)} write files as they process each batch: each cell '
+                'builds its own evaluator, writing into its own folder')
+    return None
+
+
+def cell_metric_outputs(evaluator_cfg: Any, cell: Tuple[str, int]) -> Any:
+    """The evaluator config with every metric's output (``outfile_prefix``, ``output_dir``)
+    made the cell's own (in place): ``<prefix>_<corruption>_<severity>`` and
+    ``<output_dir>/<corruption>_<severity>``, so no cell reads or overwrites another's."""
+    for entry in _metric_entries(evaluator_cfg):
+        if entry.get('outfile_prefix'):
+            entry['outfile_prefix'] = f'{entry["outfile_prefix"]}_{cell[0]}_{cell[1]}'
+        if entry.get('output_dir'):
+            entry['output_dir'] = osp.join(entry['output_dir'], f'{cell[0]}_{cell[1]}')
+    return evaluator_cfg
 
 
 @contextmanager
