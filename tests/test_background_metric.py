@@ -58,6 +58,29 @@ def test_predictions_round_trip_through_the_restricted_loader(tmp_path):
     assert seg[0][1].dtype == torch.bfloat16 and torch.equal(seg[0][1], torch.ones(2).bfloat16())
 
 
+class _Opaque:
+    """An object of a user's metric that no allow-list knows."""
+
+
+def test_data_structures_are_kept_and_unknown_objects_refused_before_writing(tmp_path):
+    """A metric's OpenMMLab data structures (mmdet's BitmapMasks in the ground truth a
+    DumpResults keeps) round-trip; an unknown object is refused while saving (the loop then
+    computes that cell's metric in place), and no file is left."""
+    import numpy as np
+    from mmdet.structures.mask import BitmapMasks
+
+    from mmrobust.evaluation.background import PredictionsPicklingError, load_cell_predictions
+    path = predictions_path(str(tmp_path), 'fog', 3)
+    masks = BitmapMasks(np.ones((2, 4, 5), np.uint8), 4, 5)
+    save_cell_predictions(path, 'id', 'fog', 3, [[{'gt_masks': masks}]], {}, {})
+    got = load_cell_predictions(path)['parts'][0][0]['gt_masks']
+    assert isinstance(got, BitmapMasks) and np.array_equal(got.masks, masks.masks)
+    with pytest.raises(PredictionsPicklingError, match='_Opaque is not allowed'):
+        save_cell_predictions(predictions_path(str(tmp_path), 'snow', 1), 'id', 'snow', 1,
+                              [[_Opaque()]], {}, {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['fog_3.pkl']
+
+
 class _Evil:
     def __reduce__(self):
         return (os.system, ('echo pwned',))

@@ -52,6 +52,38 @@ def test_a_rank_without_a_batch_in_a_cell_takes_part_and_the_numbers_equal_one_r
     assert two == one
 
 
+@pytest.mark.slow
+def test_ranks_wait_for_rank0s_metric_worker_in_short_polls(toy_data, tmp_path, monkeypatch):
+    """Rank 0 waits 2 x 12 s on its metric worker (a full queue, then the last cell) in a group
+    whose collectives time out after 8 s: the other rank waits in 1 s broadcasts (before, it
+    sat in the final barrier until the group's timeout)."""
+    from test_robustness import _init_checkpoint
+
+    from mmrobust.evaluation.background import DELAY_ENV
+    ckpt = str(_init_checkpoint(SEG_CFG, tmp_path / 'seg.pth'))
+    monkeypatch.setenv(DELAY_ENV, '12')  # NOTE: the ranks' metric worker inherits it
+    cells = run_ranks(_evaluate, SEG_CFG, ckpt, str(tmp_path / 'w'), ONE_IMAGE, ['fog'],
+                      {'metric_queue': 1, 'per_image': False}, limit=240, group_timeout_s=8)
+    assert sorted(cells[0]) == ['clean', 'fog'] and cells[1] == {}
+
+
+def test_rank0s_error_while_it_waits_reaches_every_rank(monkeypatch):
+    """The other ranks take rank 0's outcome of each step: waiting, done, or its error."""
+    from mmrobust.evaluation import robustness
+    sent = iter([True, True, None, RuntimeError('disk full while saving fog 3')])
+    rounds = []
+
+    def from_rank0(box):
+        rounds.append(box[0])
+        box[0] = next(sent)
+    monkeypatch.setattr(robustness, 'get_dist_info', lambda: (1, 2))
+    monkeypatch.setattr(robustness, 'broadcast_object_list', from_rank0)
+    robustness._rank0_until_done(None)
+    assert rounds == [None, None, None]  # three rounds: waiting, waiting, done
+    with pytest.raises(RuntimeError, match='disk full'):
+        robustness._rank0_until_done(None)
+
+
 def test_the_metric_worker_leaves_no_thread_in_the_loops_process(tmp_path):
     """The dataloader workers a resume forks after the metric worker started (its saved cells
     are handed over before inference) find no foreign thread: the worker talks through a pipe

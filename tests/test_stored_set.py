@@ -150,6 +150,6 @@ def test_the_results_record_the_sets_own_seed(toy_data, tmp_path):
     data = json.loads(results.read_text())
     assert data['seed'] == 3 and data['stored_set']['seed'] == 3
     assert data['stored_set']['lossless'] is True and data['corrupted_root'] == str(root)
-    status, _, err = run_tool_in_process('test_robustness.py', *args[:-3], '--seed', '0',
-                                         *args[-3:])
+    status, _, err = run_tool_in_process('test_robustness.py', *args[:2], '--seed', '0',
+                                         *args[2:])
     assert_user_error(status, err, 1, '--seed 0, but the stored set')

@@ -25,6 +25,7 @@ from ..utils.errors import ConfigError
 from ..utils.io import TMP_MARK, atomic_write
 
 __all__ = ['PREDICTIONS_FORMAT', 'InferenceLoop', 'MetricClassError', 'MetricWorker',
+           'PredictionsPicklingError',
            'MetricWorkerError', 'WorkerDiedError', 'worker_imports',
            'compute_metrics', 'load_cell_predictions', 'predictions_dir', 'predictions_path',
            'read_predictions_header', 'save_cell_predictions', 'saved_cells']
@@ -94,9 +95,36 @@ def predictions_path(folder: str, corruption: str, severity: int) -> str:
     return osp.join(folder, f'{corruption}_{severity}.pkl')
 
 
+#: Modules whose classes are data containers a metric may keep in its results (OpenMMLab's
+#: data elements and mask structures): built by ``__new__`` and a ``__dict__`` update, no code.
+DATA_STRUCTURE_MODULES = ('mmengine.structures.', 'mmdet.structures.', 'mmseg.structures.')
+_ALLOWED: Dict[str, Any] = {}
+
+
+def _allowed(module: str, name: str) -> Any:
+    """The global ``module.name`` if a predictions file may name it, else None."""
+    if not _ALLOWED:
+        from ..utils.checkpoint import data_globals
+        _ALLOWED.update(data_globals())
+    full = f'{module}.{name}'
+    if full in _ALLOWED:
+        return _ALLOWED[full]
+    if module.startswith(DATA_STRUCTURE_MODULES) and '.' not in name:
+        import importlib
+        found = getattr(importlib.import_module(module), name, None)
+        if isinstance(found, type):
+            return found
+    return None
+
+
+class PredictionsPicklingError(pickle.PicklingError):
+    """A metric keeps an object a predictions file may not hold (the message names it)."""
+
+
 class _PredictionsPickler(pickle.Pickler):
     """Pickles tensors as numpy arrays (by persistent id): a predictions file needs no torch
-    storage unpickling, which runs ``torch.load`` on bytes from the file."""
+    storage unpickling, which runs ``torch.load`` on bytes from the file. Any other object
+    must be one the loader accepts, checked here, before the file is written."""
 
     def persistent_id(self, obj: Any) -> Any:
         import torch
@@ -107,22 +135,33 @@ class _PredictionsPickler(pickle.Pickler):
             return ('tensor', None, tensor.numpy())
         return None
 
+    def reducer_override(self, obj: Any) -> Any:
+        import numpy as np
+        import torch
+        if isinstance(obj, (np.ndarray, np.generic, np.dtype, torch.dtype, torch.device,
+                            torch.Size)):
+            return NotImplemented
+        named = obj if isinstance(obj, type) or callable(obj) else type(obj)
+        module = getattr(named, '__module__', None) or ''
+        name = getattr(named, '__qualname__', getattr(named, '__name__', ''))
+        if _allowed(module, name) is None:
+            raise PredictionsPicklingError(
+                f'{module}.{name} is not allowed in a predictions file (only numbers, arrays, '
+                'tensors, containers and OpenMMLab data structures are)')
+        return NotImplemented
+
 
 class _PredictionsUnpickler(pickle.Unpickler):
     """Loads a predictions file's payload: the allow-listed globals only (anything else is an
     ``UnpicklingError`` that names it), tensors from their arrays."""
 
-    _ALLOWED: Optional[Dict[str, Any]] = None
-
     def find_class(self, module: str, name: str) -> Any:
-        if _PredictionsUnpickler._ALLOWED is None:
-            from ..utils.checkpoint import data_globals
-            _PredictionsUnpickler._ALLOWED = data_globals()
-        full = f'{module}.{name}'
-        if full in self._ALLOWED:
-            return self._ALLOWED[full]
-        raise pickle.UnpicklingError(f'{full} is not allowed in a predictions file (only '
-                                     'numbers, arrays, tensors and containers are)')
+        found = _allowed(module, name)
+        if found is None:
+            raise pickle.UnpicklingError(
+                f'{module}.{name} is not allowed in a predictions file (only numbers, arrays, '
+                'tensors, containers and OpenMMLab data structures are)')
+        return found
 
     def persistent_load(self, pid: Any) -> Any:
         import torch
@@ -392,6 +431,11 @@ class MetricWorker:
     def _died(self, why: str) -> None:
         code = self._proc.exitcode if self._proc is not None else None
         self._broken = f'{why}; exit code {code}' if code is not None else why
+
+    def wait(self, timeout: float) -> None:
+        """Take the answers that arrived, waiting at most ``timeout`` seconds for one."""
+        if self._conn is not None and self._broken is None and self._conn.poll(timeout):
+            self._receive(block=False)
 
     def _receive(self, block: bool) -> None:
         """Take the answers that arrived (``block``: wait for one)."""

@@ -50,6 +50,7 @@ from .background import (
     InferenceLoop,
     MetricWorker,
     MetricWorkerError,
+    PredictionsPicklingError,
     WorkerDiedError,
     _gather,
     compute_metrics,
@@ -82,6 +83,9 @@ from .seg_metric import use_fast_iou
 
 #: Cells whose metrics may be in flight beside the next cell's inference (``--metric-queue``).
 DEFAULT_METRIC_QUEUE = 2
+#: Seconds between the short broadcasts of every rank while rank 0 waits (on its metric
+#: worker, a metric computed in place, a predictions file being written).
+RANK0_POLL_S = 1.0
 
 
 class PipelineError(MMRobustError, ValueError):
@@ -442,6 +446,7 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         return evaluator, _metric_entries(evaluator)
 
     progress_bar = Progress(0, 'image', protocol.name, enabled=progress and rank == 0)
+    poll_s = RANK0_POLL_S
     in_flight: deque = deque()
     worker = MetricWorker(cfg.get('default_scope'), imports) if metric_queue and rank == 0 \
         else None
@@ -497,11 +502,23 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
             record(job.cell, metrics, job.timing, job.path)
             block = False
 
-    def hand_over(cell: Tuple[str, int], path: str, timing: Dict) -> None:
-        """Queue a cell's saved predictions for the worker, waiting while K are in flight."""
+    def wait_for_oldest() -> None:
+        """At most ``poll_s`` for the oldest cell in flight, counted as that cell's wait."""
         assert worker is not None
+        start = time.perf_counter()
+        worker.wait(poll_s)
+        oldest = in_flight[0].timing
+        oldest['wait_s'] = round(oldest.get('wait_s', 0.0) + time.perf_counter() - start, 3)
+
+    def hand_over(cell: Tuple[str, int], path: str, timing: Dict) -> Iterator[None]:
+        """Queue a cell's saved predictions for the worker; yields while K are in flight (each
+        yield after waiting at most ``poll_s`` for the oldest)."""
+        settle(block=False)
         while len(in_flight) >= metric_queue:
-            settle(block=True)
+            wait_for_oldest()
+            settle(block=False)
+            if len(in_flight) >= metric_queue:
+                yield
         try:
             future = worker.submit(path, metric_cfgs(cell)[1], stats_target(cell))
         except WorkerDiedError as err:
@@ -514,41 +531,69 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         in_flight.append(_InFlight(cell, path, future, timing))
 
     def finish(cell: Tuple[str, int], parts: List[list], metrics_of_loop: List[Any],
-               dataset_meta: Optional[Dict], timing: Dict) -> None:
-        """Rank 0, after a cell's inference: its metric now (serial) or handed to the worker."""
+               dataset_meta: Optional[Dict], timing: Dict) -> Iterator[None]:
+        """Rank 0, after a cell's inference: its metric now (serial) or handed to the worker;
+        yields while it waits (see :func:`_rank0_until_done`)."""
         assert results is not None
         if worker is None:  # serial: the metric right after the cell's inference
-            start = time.perf_counter()
-            for metric, entry in zip(metrics_of_loop, metric_cfgs(cell)[1]):
-                for key in ('out_file_path', 'outfile_prefix'):  # NOTE: the one-pass loop's
-                    if entry.get(key):  # metrics serve every cell; these are the cell's own
-                        setattr(metric, key, entry[key])
-            metrics = compute_metrics(metrics_of_loop, parts)
-            timing['metric_s'] = timing['wait_s'] = round(time.perf_counter() - start, 3)
-            record(cell, metrics, timing, None)
+            yield from compute_here(cell, parts, metrics_of_loop, timing)
             return
         path = predictions_path(folder, *cell)
         start = time.perf_counter()
-        save_cell_predictions(path, identity_sha256(results.identity), *cell, parts,
-                              dataset_meta, timing)
+        try:
+            yield from _in_thread(save_cell_predictions, poll_s, path,
+                                  identity_sha256(results.identity), *cell, parts,
+                                  dataset_meta, timing)
+        except PredictionsPicklingError as err:
+            print_log(f'{_label(cell)}: a metric keeps what a predictions file does not hold '
+                      f'({err}); this cell\'s metric is computed here, right after its '
+                      'inference (not beside the next cells; a killed run infers it again)',
+                      logger='current', level=30)
+            yield from compute_here(cell, parts, metrics_of_loop, timing)
+            return
         timing['save_s'] = round(time.perf_counter() - start, 3)
-        hand_over(cell, path, timing)
+        yield from hand_over(cell, path, timing)
+
+    def compute_here(cell: Tuple[str, int], parts: List[list], metrics_of_loop: List[Any],
+                     timing: Dict) -> Iterator[None]:
+        """Rank 0: the cell's metric in this process, by the loop's own metrics."""
+        start = time.perf_counter()
+        for metric, entry in zip(metrics_of_loop, metric_cfgs(cell)[1]):
+            for key in ('out_file_path', 'outfile_prefix'):  # NOTE: the one-pass loop's
+                if entry.get(key):  # metrics serve every cell; these are the cell's own
+                    setattr(metric, key, entry[key])
+        metrics = yield from _in_thread(compute_metrics, poll_s, metrics_of_loop, parts)
+        timing['metric_s'] = timing['wait_s'] = round(time.perf_counter() - start, 3)
+        record(cell, metrics, timing, None)
+
+    def resume_saved(cell: Tuple[str, int], path: str) -> Iterator[None]:
+        """Rank 0: a killed run's cell, from its saved predictions."""
+        if worker is not None:
+            yield from hand_over(cell, path, {'resumed_from_predictions': True})
+            return
+        start = time.perf_counter()
+        payload = load_cell_predictions(path)
+        built = runner.build_evaluator(metric_cfgs(cell)[0]).metrics
+        metrics = yield from _in_thread(compute_metrics, poll_s, built, payload['parts'],
+                                        payload['dataset_meta'])
+        seconds = round(time.perf_counter() - start, 3)
+        record(cell, metrics, {**payload['timing'], 'resumed_from_predictions': True,
+                               'metric_s': seconds, 'wait_s': seconds}, path)
+
+    def drain() -> Iterator[None]:
+        """Rank 0: every metric in flight recorded."""
         settle(block=False)
+        while in_flight:
+            wait_for_oldest()
+            settle(block=False)
+            if in_flight:
+                yield
 
     run_start = time.perf_counter()
     loader_kind = 'one-pass'
     try:
-        for cell, path in plan.saved.items():  # rank 0 only: a killed run's cells
-            if worker is not None:
-                hand_over(cell, path, {'resumed_from_predictions': True})
-                continue
-            start = time.perf_counter()
-            payload = load_cell_predictions(path)
-            built = runner.build_evaluator(metric_cfgs(cell)[0]).metrics
-            metrics = compute_metrics(built, payload['parts'], payload['dataset_meta'])
-            seconds = round(time.perf_counter() - start, 3)
-            record(cell, metrics, {**payload['timing'], 'resumed_from_predictions': True,
-                                   'metric_s': seconds, 'wait_s': seconds}, path)
+        for cell, path in plan.saved.items():  # NOTE: rank 0's plan, broadcast to every rank
+            _rank0_until_done(resume_saved(cell, path) if rank == 0 else None)
 
         attacked = [c for c in plan.infer if is_attack_cell(c[0])]
         corrupted = [c for c in plan.infer if not is_attack_cell(c[0])]
@@ -570,19 +615,16 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
                 inference = _per_cell_cells(runner, cfg, corrupted, metric_cfgs, seed,
                                             bgr_compat, corrupted_root, progress_bar)
             for cell, parts, loop_metrics, dataset_meta, timing in inference:
-                if rank == 0:
-                    assert parts is not None
-                    finish(cell, parts, loop_metrics, dataset_meta, timing)
+                _rank0_until_done(finish(cell, parts, loop_metrics, dataset_meta, timing)
+                                  if rank == 0 else None)
         if attacked:
             assert attacks
             for cell, parts, loop_metrics, dataset_meta, timing in _per_cell_cells(
                     runner, cfg, attacked, metric_cfgs, seed, bgr_compat, None, progress_bar,
                     attacks):
-                if rank == 0:
-                    assert parts is not None
-                    finish(cell, parts, loop_metrics, dataset_meta, timing)
-        while in_flight:
-            settle(block=True)
+                _rank0_until_done(finish(cell, parts, loop_metrics, dataset_meta, timing)
+                                  if rank == 0 else None)
+        _rank0_until_done(drain() if rank == 0 else None)
     except BaseException:
         if worker is not None:
             worker.close(cancel=True)
@@ -617,6 +659,58 @@ def _image_roots(cfg: Config, corrupted_root: Optional[str], cell: Tuple[str, in
         if dataset.get('data_root'):
             roots.append(str(dataset['data_root']))
     return tuple(roots)
+
+
+def _rank0_until_done(steps: Optional[Iterator[None]]) -> None:
+    """Every rank: rank 0 runs ``steps`` (a generator that yields each time it has waited up
+    to :data:`RANK0_POLL_S` without finishing) to its end; the other ranks (``steps`` None)
+    wait for it in one short broadcast per step, instead of sitting in the next collective
+    for as long as rank 0 waits (a process-group timeout), and rank 0's error (a dead worker,
+    a full disk) is raised on every rank at once."""
+    rank, world = get_dist_info()
+    while True:
+        state: Any = None  # None: done; True: still waiting; else the error
+        if rank == 0:
+            assert steps is not None
+            try:
+                next(steps)
+                state = True
+            except StopIteration:
+                state = None
+            except BaseException as err:
+                state = _shareable(err)
+        if world > 1:  # NOTE: every rank is here, between two cells: the collective is safe
+            box = [state]
+            broadcast_object_list(box)
+            state = box[0]
+        if state is None:
+            return
+        if isinstance(state, BaseException):
+            raise state
+
+
+def _in_thread(fn: Any, poll_s: float, *args: Any) -> Iterator[None]:
+    """``fn(*args)`` in a thread, yielding every ``poll_s`` until it ends; returns its value
+    (or raises its error). The thread has ended when this returns, so no dataloader forks
+    beside it."""
+    import threading
+    outcome: Dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome['value'] = fn(*args)
+        except BaseException as err:  # NOTE: raised below, in the loop's thread
+            outcome['error'] = err
+    thread = threading.Thread(target=run, name='mmrobust-rank0-step', daemon=True)
+    thread.start()
+    while True:
+        thread.join(poll_s)
+        if not thread.is_alive():
+            break
+        yield
+    if 'error' in outcome:
+        raise outcome['error']
+    return outcome.get('value')
 
 
 def _label(cell: Tuple[str, int]) -> str:
