@@ -11,6 +11,18 @@ from conftest import REPO, run_ranks
 SEG_CFG = 'configs/toy/segformer_mit-b0_toy-cityscapes.py'
 
 
+def _file_barrier(folder: Path, rank: int, world: int, limit: float = 300) -> None:
+    """Every rank here before any goes on, without a collective (whose timeout the tests keep
+    short): a rank's set-up time on a loaded machine is not what they measure."""
+    import time
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f'ready_{rank}').touch()
+    deadline = time.monotonic() + limit
+    while not all((folder / f'ready_{r}').exists() for r in range(world)):
+        assert time.monotonic() < deadline, 'the other ranks never got ready'
+        time.sleep(0.1)
+
+
 def _evaluate(rank: int, world: int, config: str, ckpt: str, work: str, options: dict,
               corruptions: list, kwargs: dict) -> dict:
     """One rank of a robustness run of ``config`` (the cells of ``corruptions`` at severity 1);
@@ -27,6 +39,8 @@ def _evaluate(rank: int, world: int, config: str, ckpt: str, work: str, options:
     runner = build_runner(cfg, ('test_dataloader', ))
     runner.call_hook('before_run')
     runner.load_or_resume()
+    if world > 1:  # NOTE: the ranks start the loop together, whatever their set-up took
+        _file_barrier(Path(work), rank, world)
     data = evaluate_robustness(runner, cfg, resolve_protocol(None, corruptions, [1]),
                                str(Path(work) / 'results.json'), progress=False, **kwargs)
     return data.get('cells', {})
