@@ -65,6 +65,57 @@ def test_mpc_rpc_by_hand():
                                           ('snow', 2), ('snow', 3)]
 
 
+def _cityscapes_c_cells(noise: float = 40.0, rest: float = 70.0) -> dict:
+    cells = {'clean': {0: {'mIoU': 80.0}}}
+    for corruption, sevs in get_protocol('cityscapes_c').severities.items():
+        value = noise if corruption.endswith('noise') else rest
+        cells[corruption] = {s: {'mIoU': value} for s in sevs}
+    return cells
+
+
+def test_cityscapes_c_mpc_weighs_every_corruption_alike():
+    """4 noise corruptions at severities 1-3 and 12 others at 1-5: the mean of the 16
+    per-corruption means (SegFormer's and FAN's estimator) is 62.5; the flat mean over the 72
+    cells read 65.0, overstating robustness where noise is hardest. The bootstrap's replicates
+    use the same estimator."""
+    import numpy as np
+
+    from mmrobust.evaluation.uncertainty import replicate_summary
+    protocol = get_protocol('cityscapes_c')
+    assert len(protocol.cells()) == 72
+    m = robustness_summary(_cityscapes_c_cells(), protocol)['metrics']['mIoU']
+    assert m['mPC'] == pytest.approx(62.5) and m['rPC'] == pytest.approx(62.5 / 80)
+    cells = {(c, s): {'mIoU': np.full(3, v[s]['mIoU'])}
+             for c, by in _cityscapes_c_cells().items() for s in by for v in [by]}
+
+    class Stats:
+        pass
+    stats = Stats()
+    stats.cells = list(cells)
+    stats.scores = lambda cell, weights: cells[cell]
+    replicates = replicate_summary(stats, np.ones((3, 1)), protocol.cells())['mIoU']
+    assert np.allclose(replicates['mPC'], 62.5)
+
+
+def test_categories_follow_the_protocols_source():
+    """Brightness is weather in ImageNet-C's grouping (COCO-C), digital in SegFormer's
+    Cityscapes-C table (with contrast, saturate and JPEG)."""
+    cells = _cityscapes_c_cells()
+    cells['brightness'] = {s: {'mIoU': 10.0} for s in range(1, 6)}
+    city = robustness_summary(cells, get_protocol('cityscapes_c'))['metrics']['mIoU']
+    assert city['per_category']['digital'] == pytest.approx((10 + 70 * 3) / 4)
+    assert city['per_category']['weather'] == pytest.approx(70)
+    every = robustness_summary(cells, get_protocol('all'))['metrics']['mIoU']
+    assert every['per_category']['weather'] == pytest.approx((10 + 70 * 4) / 5)
+    sub = resolve_protocol('cityscapes_c', ['brightness', 'fog'], None)
+    assert sub.category('brightness') == 'digital'
+    from mmrobust.evaluation.report import summary_markdown
+    table = summary_markdown({'m': {'protocol': 'cityscapes_c', 'cells': cells,
+                                    'cells_planned': {c: list(s) for c, s in get_protocol(
+                                        'cityscapes_c').severities.items()}}})
+    assert f'| *digital* | {(10 + 70 * 3) / 4:.3f} |' in table
+
+
 def test_published_faster_rcnn_table():
     """The 15 published per-corruption means average to mPC 18.2 = 50.2% of P_clean 36.3 (the
     paper's 50.1% comes from its unrounded cells)."""

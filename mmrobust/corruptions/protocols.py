@@ -12,7 +12,7 @@ protocol                  corruptions                                       seve
 ``all``                   all 19                                            1–5
 ========================  ================================================  ===========
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..utils.errors import UnknownNameError, UsageError
@@ -96,14 +96,21 @@ def corruptions_in(category: str) -> Tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Protocol:
-    """An ordered set of corruption cells. ``severities`` maps corruption → its severities."""
+    """An ordered set of corruption cells. ``severities`` maps corruption → its severities;
+    ``categories`` the corruptions its source files under another category than ImageNet-C
+    does (SegFormer's Cityscapes-C puts brightness under digital)."""
     name: str
     description: str
     severities: Mapping[str, Tuple[int, ...]]
+    categories: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def corruptions(self) -> Tuple[str, ...]:
         return tuple(self.severities)
+
+    def category(self, corruption: str) -> str:
+        """The corruption's category as this protocol's source groups it."""
+        return self.categories.get(corruption) or CORRUPTIONS[corruption].category
 
     def cells(self) -> List[Tuple[str, int]]:
         """(corruption, severity) pairs in protocol order."""
@@ -111,12 +118,13 @@ class Protocol:
 
 
 def _protocol(name: str, description: str, corruptions: Iterable[str],
-              low_severity_noise: bool = False) -> Protocol:
+              low_severity_noise: bool = False,
+              categories: Optional[Mapping[str, str]] = None) -> Protocol:
     severities = {}
     for c in corruptions:
         noise = CORRUPTIONS[c].category == 'noise'
         severities[c] = (1, 2, 3) if (low_severity_noise and noise) else SEVERITIES
-    return Protocol(name, description, severities)
+    return Protocol(name, description, severities, dict(categories or {}))
 
 
 PROTOCOLS: Dict[str, Protocol] = {
@@ -127,7 +135,9 @@ PROTOCOLS: Dict[str, Protocol] = {
                   'zoom_blur, elastic_transform, pixelate), noise at severities 1-3',
                   [c for c in CORRUPTIONS
                    if c not in ('zoom_blur', 'elastic_transform', 'pixelate')],
-                  low_severity_noise=True),
+                  low_severity_noise=True,
+                  # NOTE: SegFormer's table: digital = brightness, contrast, saturate, JPEG
+                  categories={'brightness': 'digital'}),
         _protocol('fan_coco_c', "FAN's COCO-C: 16 corruptions, 4 per category, severities 1-5",
                   ['gaussian_noise', 'shot_noise', 'impulse_noise', 'speckle_noise',
                    'defocus_blur', 'motion_blur', 'gaussian_blur', 'glass_blur',
@@ -188,4 +198,5 @@ def resolve_protocol(protocol: Optional[str] = None,
         return base
     label = base.name if base else 'custom'
     return Protocol(f'{label}:custom' if base else 'custom',
-                    f'{len(table)} corruptions' + (f' of {label}' if base else ''), table)
+                    f'{len(table)} corruptions' + (f' of {label}' if base else ''), table,
+                    dict(base.categories) if base else {})

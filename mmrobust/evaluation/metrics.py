@@ -1,13 +1,16 @@
 """Corruption-robustness metrics (Michaelis et al. 2019), shared by detection and segmentation.
 
-P_clean is the score on the clean set, mPC the mean over a protocol's (corruption, severity)
-cells and rPC = mPC / P_clean.
+P_clean is the score on the clean set, mPC the mean over a protocol's corruptions of each
+corruption's mean over its severities, and rPC = mPC / P_clean. With the same severities for
+every corruption (COCO-C) that is the flat mean over the cells; Cityscapes-C evaluates noise
+at severities 1-3 only, and SegFormer's and FAN's tables average the per-corruption means, so a
+corruption weighs the same whatever its number of severities.
 """
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..corruptions import CATEGORIES, CORRUPTIONS, Protocol
 
-__all__ = ['CLEAN', 'Cells', 'robustness_summary']
+__all__ = ['CLEAN', 'Cells', 'mean_over_corruptions', 'robustness_summary']
 
 CLEAN = 'clean'
 
@@ -19,13 +22,23 @@ def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else float('nan')
 
 
+def mean_over_corruptions(values: Mapping[Tuple[str, int], Any]) -> Any:
+    """mPC's estimator: the mean over corruptions of each corruption's mean over its severities
+    (``values[(corruption, severity)]``: numbers, or arrays of bootstrap replicates)."""
+    by_corruption: Dict[str, List[Any]] = {}
+    for (corruption, _), value in values.items():
+        by_corruption.setdefault(corruption, []).append(value)
+    means = [sum(v) / len(v) for v in by_corruption.values()]
+    return sum(means) / len(means) if means else float('nan')
+
+
 def robustness_summary(cells: Cells, protocol: Optional[Protocol] = None) -> Dict:
     """P_clean, mPC and rPC for every metric, per corruption, per category and overall.
 
-    mPC is the flat mean of P over the protocol's (corruption, severity) cells; per-corruption
-    values are means over that corruption's severities and per-category values the flat mean over
-    the category's cells; rPC = mPC / P_clean. Cells missing from ``cells`` are left out of the
-    means and counted in ``missing``.
+    mPC is the mean over corruptions of each corruption's mean over its severities
+    (:func:`mean_over_corruptions`); per-category values are the means of the category's
+    corruptions, grouped as the protocol's source groups them; rPC = mPC / P_clean. Cells
+    missing from ``cells`` are left out of the means and counted in ``missing``.
 
     Args:
         cells: results as {corruption: {severity: {metric: value}}}, with the clean scores under
@@ -39,6 +52,10 @@ def robustness_summary(cells: Cells, protocol: Optional[Protocol] = None) -> Dic
     def get(corruption: str, severity: int) -> Optional[Mapping[str, float]]:
         by_severity = cells.get(corruption) or {}
         return by_severity.get(severity, by_severity.get(str(severity)))
+
+    def category(corruption: str) -> str:
+        return protocol.category(corruption) if protocol is not None else \
+            CORRUPTIONS[corruption].category
 
     from .attacks import is_attack_cell  # NOTE: attack cells are not corruptions
     wanted = protocol.cells() if protocol is not None else [
@@ -54,13 +71,13 @@ def robustness_summary(cells: Cells, protocol: Optional[Protocol] = None) -> Dic
     metrics = {}
     for name in names:
         values = [(c, s, float(r[name])) for c, s, r in present if name in r]
-        m_pc = _mean([v for _, _, v in values])
+        m_pc = float(mean_over_corruptions({(c, s): v for c, s, v in values}))
         p_clean = float(clean[name]) if name in clean else float('nan')
         per_corruption = {c: _mean([v for c2, _, v in values if c2 == c])
                           for c in dict.fromkeys(c for c, _, _ in values)}
-        per_category = {cat: _mean([v for c, _, v in values if CORRUPTIONS[c].category == cat])
-                        for cat in CATEGORIES
-                        if any(CORRUPTIONS[c].category == cat for c, _, _ in values)}
+        per_category = {cat: _mean([v for c, v in per_corruption.items()
+                                    if category(c) == cat])
+                        for cat in CATEGORIES if any(category(c) == cat for c in per_corruption)}
         per_severity = {s: _mean([v for _, s2, v in values if s2 == s])
                         for s in sorted({s for _, s, _ in values})}
         metrics[name] = {

@@ -18,11 +18,15 @@ MAIN_METRICS = ('bbox_mAP', 'segm_mAP', 'mIoU', 'AP', 'mAP')
 
 
 def _protocol_of(results: Mapping) -> Optional[Protocol]:
+    """The results' protocol: its planned cells, grouped as the named protocol groups them."""
+    from ..corruptions import PROTOCOLS
     planned = results.get('cells_planned')
     if not planned:
         return None
-    return Protocol(results.get('protocol', 'custom'), '',
-                    {c: tuple(int(s) for s in sevs) for c, sevs in planned.items()})
+    name = results.get('protocol', 'custom')
+    known = PROTOCOLS.get(str(name).split(':')[0])
+    return Protocol(name, '', {c: tuple(int(s) for s in sevs) for c, sevs in planned.items()},
+                    dict(known.categories) if known else {})
 
 
 def summarize(results: Mapping) -> Dict:

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..utils.errors import MMRobustError
-from .metrics import CLEAN
+from .metrics import CLEAN, mean_over_corruptions
 from .per_image import load_cell_stats, scorer, stats_dir, stats_path
 from .results import evaluation_sha256
 
@@ -163,7 +163,9 @@ def replicate_summary(stats: CellStats, weights: np.ndarray,
         if (CLEAN, 0) in cells:
             entry['P_clean'] = cells[(CLEAN, 0)]
         if protocol_cells and all(c in cells for c in protocol_cells):
-            entry['mPC'] = np.mean([cells[c] for c in protocol_cells], axis=0)
+            # NOTE: the point estimate's estimator (per-corruption severity means averaged)
+            entry['mPC'] = np.asarray(mean_over_corruptions({c: cells[c]
+                                                             for c in protocol_cells}))
             if 'P_clean' in entry:
                 with np.errstate(divide='ignore', invalid='ignore'):
                     entry['rPC'] = entry['mPC'] / entry['P_clean']
