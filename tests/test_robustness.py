@@ -10,7 +10,12 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from mmrobust.corruptions import UnknownCorruptionError, get_protocol, resolve_protocol
+from mmrobust.corruptions import (
+    CORRUPTIONS,
+    UnknownCorruptionError,
+    get_protocol,
+    resolve_protocol,
+)
 from mmrobust.evaluation import (
     COCO_BACKENDS,
     PipelineError,
@@ -21,7 +26,7 @@ from mmrobust.evaluation import (
     find_loading_step,
     robustness_summary,
 )
-from mmrobust.evaluation.report import load_results, summary_markdown
+from mmrobust.evaluation.report import load_results, summarize, summary_markdown
 
 from conftest import (
     DEMO_DET_CFG,
@@ -357,6 +362,58 @@ def test_mmdet_results_pickle_is_read_safely(tmp_path):
     evil.write_bytes(pickle.dumps({'fog': {0: Payload()}}))
     with pytest.raises(ValueError, match='builtins.print is not allowed'):
         load_results(str(evil))
+
+
+def _leaderboard_pickle(path: Path, clean: float = 0.363) -> None:
+    """A COCO-C leaderboard results file as mmdet 1.x / 2.x's test_robustness.py writes it:
+    {corruption: {severity: {'bbox': {'AP': ..., ...}}}}, numpy scalars, pickle protocol 2,
+    the 15 benchmark corruptions at Faster R-CNN's published means and the 4 held-out at 0.30."""
+    data = {}
+    for corruption in CORRUPTIONS:
+        mean = FASTER_RCNN.get(corruption, 30.0) / 100
+        data[corruption] = {0: {'bbox': {'AP': np.float64(clean), 'AP50': np.float64(0.58)}}}
+        for s in range(1, 6):
+            data[corruption][s] = {'bbox': {'AP': np.float64(mean + (3 - s) * 0.015),
+                                            'AP50': np.float64(0.5)}}
+    path.write_bytes(pickle.dumps(data, protocol=2))
+
+
+def test_leaderboard_results_pickle_averages_the_15_benchmark_corruptions(tmp_path):
+    """Its numpy scalars need _codecs.encode (refused before), its nested metrics are mapped
+    (dropped before, leaving empty cells), and mPC is over the 15 benchmark corruptions as
+    mmdet's robustness_eval.py and the paper average (18.2 = 50.2 % of 36.3), with the
+    aggregate said; --aggregate all gives the mean of all 19."""
+    path = tmp_path / 'faster_rcnn_r50_fpn_1x_results.pkl'
+    _leaderboard_pickle(path)
+    assert b'_codecs' in path.read_bytes()
+    results = load_results(str(path))
+    m = summarize(results)['metrics']['coco/bbox_mAP']
+    assert m['mPC'] == pytest.approx(0.1822) and round(100 * m['rPC'], 1) == 50.2
+    assert 'not averaged: speckle_noise, gaussian_blur, spatter, saturate' in results['aggregate']
+    assert summarize(results)['metrics']['coco/bbox_mAP_50']['P_clean'] == pytest.approx(0.58)
+    every = summarize(load_results(str(path), aggregate='all'))['metrics']['coco/bbox_mAP']
+    assert every['mPC'] == pytest.approx((0.1822 * 15 + 0.30 * 4) / 19)
+    table = summary_markdown({'frcnn': results})
+    assert 'frcnn: mPC over 15 corruption(s) of the 15 benchmark ones' in table
+    # such a file is a reference for CE, over the 15 benchmark corruptions, the set named
+    from mmrobust.evaluation.report import build_extras
+    _leaderboard_pickle(tmp_path / 'better_results.pkl', clean=0.40)
+    better = load_results(str(tmp_path / 'better_results.pkl'))
+    extras = build_extras([('better', str(tmp_path / 'better_results.pkl'), better)],
+                          {'better': ['better']}, None, ('frcnn', results), ['coco/bbox_mAP'])
+    ce = extras.errors['better']['coco/bbox_mAP']
+    assert ce['corruptions'] == 'the 15 benchmark corruptions'
+    assert sorted(ce['per_corruption']) == sorted(FASTER_RCNN)
+    assert ce['mCE'] == pytest.approx(1.0)
+
+
+def test_a_reference_without_a_drop_is_warned_of():
+    from mmrobust.evaluation.uncertainty import corruption_errors
+    ref = {'clean': {0: {'mIoU': 0.5}}, 'fog': {1: {'mIoU': 0.5}, 2: {'mIoU': 0.4999}}}
+    run = {'clean': {0: {'mIoU': 0.6}}, 'fog': {1: {'mIoU': 0.5}, 2: {'mIoU': 0.4}}}
+    out = corruption_errors(run, ref, 'mIoU', ['fog'])
+    assert len(out['warnings']) == 1 and 'fog' in out['warnings'][0]
+    assert 'explodes or flips sign' in out['warnings'][0]
 
 
 def test_a_predictions_dump_points_at_the_metrics_file(tmp_path):

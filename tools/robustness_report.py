@@ -95,6 +95,10 @@ def main() -> int:
     parser.add_argument('--reference', default=None, metavar='RESULTS',
                         help='results file of the reference model of the Corruption Error '
                         '(CE, mCE, relative mCE; e.g. the plain baseline)')
+    parser.add_argument('--aggregate', choices=('benchmark', 'all'), default='benchmark',
+                        help="mmdet _results.pkl files: mPC over the 15 benchmark corruptions "
+                             "(default, as mmdet's robustness_eval.py and the COCO-C paper) or "
+                             'all present')
     parser.add_argument('--out-dir', default=None,
                         help='where CSV and plots go (default: <stem>_report/ next to the first '
                         'results file, <stem1>_vs_<stem2>_report/ for several)')
@@ -120,11 +124,12 @@ def main() -> int:
         label = f'{name} #{seen[name]}' if counts[name] > 1 else name
         labels.append(label)
         groups.setdefault(name, []).append(label)
-    results = {label: load_results(path) for label, path in zip(labels, args.results)}
+    results = {label: load_results(path, args.aggregate)
+               for label, path in zip(labels, args.results)}
     reference = None
     if args.reference:
         ref_label = osp.splitext(osp.basename(args.reference))[0]
-        reference = (ref_label, load_results(args.reference))
+        reference = (ref_label, load_results(args.reference, args.aggregate))
     boot = Bootstrap(args.bootstrap, args.confidence, args.bootstrap_seed)
     extras = build_extras([(label, path, results[label])
                            for label, path in zip(labels, args.results)],

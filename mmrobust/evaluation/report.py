@@ -5,7 +5,7 @@ import os.path as osp
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..corruptions import CATEGORIES, CORRUPTIONS, Protocol
+from ..corruptions import BENCHMARK_CORRUPTIONS, CATEGORIES, CORRUPTIONS, Protocol
 from ..utils.io import save_figure
 from .metrics import robustness_summary
 from .results import load_results
@@ -82,7 +82,7 @@ def build_extras(entries: Sequence[Tuple[str, str, Mapping]], groups: Mapping[st
     stats: Dict[str, Any] = {}
     if boot is not None and boot.replicates > 0:
         for label, path, results in entries:
-            if 'cells_planned' not in results and path.endswith(('.pkl', '.pickle')):
+            if results.get('protocol') == 'mmdet-results':
                 extras.notes.append(f'no intervals for {label}: mmdet\'s results file keeps no '
                                     'per-image statistics (evaluate with '
                                     'tools/test_robustness.py)')
@@ -143,12 +143,21 @@ def build_extras(entries: Sequence[Tuple[str, str, Mapping]], groups: Mapping[st
             for name in points[label]['metrics']:
                 if name not in metrics:
                     continue
+                done = list(points[label]['metrics'][name]['per_corruption'])
+                # NOTE: ImageNet-C's mCE is over its 15 benchmark corruptions, whatever else ran
+                chosen = [c for c in done if c in BENCHMARK_CORRUPTIONS] or done
                 try:
-                    extras.errors.setdefault(label, {})[name] = corruption_errors(
-                        results['cells'], ref_results['cells'], name,
-                        list(points[label]['metrics'][name]['per_corruption']))
+                    ce = corruption_errors(results['cells'], ref_results['cells'], name, chosen)
                 except ValueError as err:
                     extras.notes.append(f'no CE for {label} {name}: {err}')
+                    continue
+                ce['corruptions'] = (
+                    f'the {len(chosen)} benchmark corruptions' if len(chosen) == 15 else
+                    f'{len(chosen)} of the 15 benchmark corruptions' if chosen != done or all(
+                        c in BENCHMARK_CORRUPTIONS for c in done) else
+                    f'{len(chosen)} corruptions (none of the 15 benchmark ones)')
+                extras.errors.setdefault(label, {})[name] = ce
+                extras.notes += [f'{label} {name}: {w}' for w in ce.get('warnings', [])]
     return extras
 
 
@@ -196,11 +205,11 @@ def _extras_markdown(extras: Extras) -> List[str]:
                              + ' |')
     if extras.errors:
         lines += ['', f'Corruption Error against {extras.reference} (ImageNet-C; %):', '',
-                  '| model | metric | mCE | relative mCE |', '|---|---|---|---|']
+                  '| model | metric | mCE | relative mCE | over |', '|---|---|---|---|---|']
         for label, by_metric in extras.errors.items():
             for name, ce in by_metric.items():
                 lines.append(f'| {label} | {name} | {_pct(ce["mCE"])} | '
-                             f'{_pct(ce["relative_mCE"])} |')
+                             f'{_pct(ce["relative_mCE"])} | {ce.get("corruptions", "")} |')
     if extras.notes:
         lines += [''] + [f'- {note}' for note in extras.notes]
     return lines
@@ -293,6 +302,10 @@ def summary_markdown(results_by_label: Mapping[str, Mapping],
                       for s in summaries.values()]
             if any(v == v for v in values):
                 lines.append(f'| *{cat}* | ' + ' | '.join(_fmt(v) for v in values) + ' |')
+    notes = [f'{label}: {r["aggregate"]}' for label, r in results_by_label.items()
+             if r.get('aggregate')]
+    if notes:
+        lines += [''] + notes
     lines += _adversarial_markdown(results_by_label, metrics)
     lines += _extras_markdown(extras)
     return '\n'.join(lines)
@@ -350,8 +363,9 @@ def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str,
             for name, ce in by_metric.items():
                 rows += [[label, extras.reference, name, c, v['CE'], v['relative_CE']]
                          for c, v in ce['per_corruption'].items()]
-                rows.append([label, extras.reference, name, 'mean (mCE)', ce['mCE'],
-                             ce['relative_mCE']])
+                rows.append([label, extras.reference, name,
+                             f'mean (mCE over {ce.get("corruptions", "the corruptions above")})',
+                             ce['mCE'], ce['relative_mCE']])
         _rows_csv(osp.join(out_dir, 'corruption_error.csv'),
                   ['model', 'reference', 'metric', 'corruption', 'CE', 'relative_CE'], rows)
     curves = {label: adversarial_curves(r) for label, r in results_by_label.items()}

@@ -175,58 +175,119 @@ def planned_cells(identity: Mapping) -> List[Tuple[str, int]]:
 
 # -- reading ---------------------------------------------------------------------------------------
 
+class NotAResultsFileError(MMRobustError, ValueError):
+    """A file that is not a robustness results file of this mmrobust's format."""
+
+
+def _latin1_encode(text: str, encoding: str = 'latin1') -> bytes:
+    """``_codecs.encode`` as numpy's protocol-2 pickles use it (a scalar's bytes), only that."""
+    if encoding not in ('latin1', 'latin-1') or not isinstance(text, str):
+        raise pickle.UnpicklingError(f'_codecs.encode({encoding!r}) is not how numpy pickles '
+                                     'data')
+    return text.encode('latin1')
+
+
 class _PlainUnpickler(pickle.Unpickler):
-    """Unpickles dicts of numbers only (mmdet's results files), never arbitrary objects."""
+    """Unpickles dicts of numbers only (mmdet's results files, the COCO-C leaderboard's), never
+    arbitrary objects: exactly what numpy's scalars need besides containers."""
 
     ALLOWED = {('collections', 'OrderedDict'), ('numpy', 'dtype'),
                ('numpy.core.multiarray', 'scalar'), ('numpy._core.multiarray', 'scalar')}
 
     def find_class(self, module: str, name: str):
+        if (module, name) == ('_codecs', 'encode'):
+            return _latin1_encode
         if (module, name) not in self.ALLOWED:
             raise pickle.UnpicklingError(
                 f'{module}.{name} is not allowed in a results file (only dicts of numbers are)')
         return super().find_class(module, name)
 
 
-def _from_mmdet_pkl(data: Mapping) -> Dict:
-    """mmdet's ``{corruption: {severity: metrics}}`` (severity 0 = clean) as mmrobust cells."""
+#: mmdet 1.x / 2.x ``test_robustness.py`` (the COCO-C leaderboard's pickles) names COCOeval's
+#: stats per task; as mmdet 3.x's CocoMetric names them, so such a file is a ``--reference``.
+_LEGACY_COCO_NAMES = {'AP': 'mAP', 'AP50': 'mAP_50', 'AP75': 'mAP_75', 'APs': 'mAP_s',
+                      'APm': 'mAP_m', 'APl': 'mAP_l'}
+
+
+def _scores(metrics: Mapping, where: str) -> Dict[str, float]:
+    """A cell's numbers: mmdet 3.x's flat ``{name: value}``, or mmdet 1.x / 2.x's nested
+    ``{task: {'AP': ...}}`` as ``coco/<task>_mAP...`` (mmdet 3.x's names)."""
+    scores: Dict[str, float] = {}
+    for key, value in dict(metrics).items():
+        if isinstance(value, Mapping):
+            for name, number in value.items():
+                if isinstance(number, (int, float)) or hasattr(number, '__float__'):
+                    scores[f'coco/{key}_{_LEGACY_COCO_NAMES.get(name, name)}'] = float(number)
+        elif isinstance(value, (int, float)) or hasattr(value, '__float__'):
+            scores[str(key)] = float(value)
+    if not scores:
+        raise NotAResultsFileError(f'{where} holds no numbers ({dict(metrics)!r:.200}): not a '
+                                   'robustness results file of mmdet\'s test_robustness.py')
+    return scores
+
+
+def _from_mmdet_pkl(data: Mapping, path: str = 'the file',
+                    aggregate: str = 'benchmark') -> Dict:
+    """mmdet's ``{corruption: {severity: metrics}}`` (severity 0 = clean) as mmrobust cells.
+
+    mPC averages ``aggregate``'s corruptions: ``benchmark`` (default), the 15 of ImageNet-C as
+    mmdet's ``robustness_eval.py`` and the COCO-C paper do, or ``all`` present; the results
+    record which under ``aggregate``."""
+    from ..corruptions import BENCHMARK_CORRUPTIONS
+    if aggregate not in ('benchmark', 'all'):
+        raise ValueError(f"aggregate is 'benchmark' or 'all', got {aggregate!r}")
     cells: Dict = {}
     for corruption, by_severity in data.items():
         for severity, metrics in by_severity.items():
-            scores = {k: float(v) for k, v in dict(metrics).items()
-                      if isinstance(v, (int, float)) or hasattr(v, '__float__')}
+            if not isinstance(metrics, Mapping):
+                raise NotAResultsFileError(
+                    f'{path}: {corruption} {severity} holds a {type(metrics).__name__}, not a '
+                    'dict of metrics: not a robustness results file')
+            scores = _scores(metrics, f'{path}: {corruption} {severity}')
             if int(severity) == 0:
                 cells.setdefault(CLEAN, {0: scores})
             elif corruption in CORRUPTIONS:
                 cells.setdefault(corruption, {})[int(severity)] = scores
-    return {'protocol': 'mmdet-results', 'cells': cells, 'source': 'mmdet test_robustness'}
+    present = [c for c in cells if c != CLEAN]
+    averaged = [c for c in present if c in BENCHMARK_CORRUPTIONS] \
+        if aggregate == 'benchmark' else present
+    if not averaged:  # NOTE: only held-out corruptions: those are what there is
+        averaged = present
+    left = [c for c in present if c not in averaged]
+    note = (f'mPC over {len(averaged)} corruption(s) '
+            + ('of the 15 benchmark ones (ImageNet-C, COCO-C)' if aggregate == 'benchmark'
+               else 'present')
+            + (f'; not averaged: {", ".join(left)}' if left else ''))
+    return {'protocol': 'mmdet-results', 'cells': cells, 'source': 'mmdet test_robustness',
+            'cells_planned': {c: sorted(cells[c]) for c in averaged}, 'aggregate': note}
 
 
-class NotAResultsFileError(MMRobustError, ValueError):
-    """A file that is not a robustness results file of this mmrobust's format."""
-
-
-def _read_mmdet_pkl(path: str) -> Dict:
+def _read_mmdet_pkl(path: str, aggregate: str = 'benchmark') -> Dict:
     with open(path, 'rb') as f:
         raw = f.read()
+    stem, ext = osp.splitext(path)
+    # NOTE: said only of what holds arrays or a list, as mmdet's predictions file (--out) does
+    hint = ('' if stem.endswith('_results') else
+            f' mmdet\'s test_robustness.py writes the predictions to --out {path} and the '
+            f'metrics to {stem}_results{ext}: pass that file'
+            + ('' if osp.isfile(f'{stem}_results{ext}') else ' (not found next to it)'))
     try:
         data = _PlainUnpickler(io.BytesIO(raw)).load()
-        if not isinstance(data, Mapping) or not all(isinstance(v, Mapping)
-                                                    for v in data.values()):
-            raise pickle.UnpicklingError(f'it holds a {type(data).__name__}, not '
-                                         '{corruption: {severity: metrics}}')
     except pickle.UnpicklingError as err:
-        stem, ext = osp.splitext(path)
-        hint = (f' mmdet\'s test_robustness.py writes the predictions to --out {path} and the '
-                f'metrics to {stem}_results{ext}: pass that file'
-                + ('' if osp.isfile(f'{stem}_results{ext}') else ' (not found next to it)'))
+        arrays = '_reconstruct' in str(err) or 'ndarray' in str(err)
         raise NotAResultsFileError(f'{path} is not a robustness results file ({err}).'
-                                   + ('' if stem.endswith('_results') else hint)) from None
-    return _from_mmdet_pkl(data)
+                                   + (hint if arrays else '')) from None
+    if not isinstance(data, Mapping) or not all(isinstance(v, Mapping) for v in data.values()):
+        raise NotAResultsFileError(
+            f'{path} is not a robustness results file (it holds a {type(data).__name__}, not '
+            '{corruption: {severity: metrics}}).' + ('' if isinstance(data, Mapping) else hint))
+    return _from_mmdet_pkl(data, path, aggregate)
 
 
-def load_results(path: str) -> Dict:
-    """A results dict from an mmrobust JSON or an mmdet ``_results.pkl``.
+def load_results(path: str, aggregate: str = 'benchmark') -> Dict:
+    """A results dict from an mmrobust JSON or an mmdet ``_results.pkl`` (mmdet 3.x's, or
+    mmdet 1.x / 2.x's as the COCO-C leaderboard publishes them, whose mPC averages
+    ``aggregate``'s corruptions: see :func:`_from_mmdet_pkl`).
 
     Severities are integers in the returned ``cells`` (JSON stores them as strings).
 
@@ -238,7 +299,7 @@ def load_results(path: str) -> Dict:
     if not osp.isfile(path):
         raise InputNotFoundError(f'Results file {path} does not exist.')
     if path.endswith(('.pkl', '.pickle')):
-        return _read_mmdet_pkl(path)
+        return _read_mmdet_pkl(path, aggregate)
     with open(path) as f:
         try:
             data = json.load(f)

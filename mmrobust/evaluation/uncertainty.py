@@ -249,6 +249,11 @@ def seed_statistics(summaries: Sequence[Dict]) -> Dict[str, Dict[str, Tuple[int,
     return out
 
 
+#: A reference whose mean drop from clean is under this share of the metric's scale makes
+#: relative CE unstable (its denominator).
+NEAR_ZERO_DROP = 0.005
+
+
 def corruption_errors(cells: Mapping, reference: Mapping, metric: str,
                       corruptions: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """CE and relative CE per corruption, mCE and relative mCE (ImageNet-C's definitions with
@@ -269,7 +274,8 @@ def corruption_errors(cells: Mapping, reference: Mapping, metric: str,
     from .attacks import is_attack_cell
     names = corruptions or [c for c in cells if c != CLEAN and not is_attack_cell(c)]
     per: Dict[str, Dict[str, float]] = {}
-    missing = []
+    missing: List[str] = []
+    warnings: List[str] = []
     for c in names:
         sevs = sorted(int(s) for s in cells[c])
         try:
@@ -282,13 +288,17 @@ def corruption_errors(cells: Mapping, reference: Mapping, metric: str,
             continue
         per[c] = {'CE': err / ref if ref else float('nan'),
                   'relative_CE': rel / rel_ref if rel_ref else float('nan')}
+        if abs(rel_ref) < NEAR_ZERO_DROP * scale * len(sevs):
+            warnings.append(
+                f'the reference loses almost nothing under {c} ({rel_ref / len(sevs):+.4g} per '
+                'severity): its relative CE divides by that drop, so it explodes or flips sign')
     if missing:
         raise ValueError(f'the reference has no {metric} for: {", ".join(missing)}; CE needs '
                          'the reference evaluated on the same cells')
     return {'per_corruption': per,
             'mCE': float(np.mean([v['CE'] for v in per.values()])) if per else float('nan'),
             'relative_mCE': float(np.mean([v['relative_CE'] for v in per.values()]))
-            if per else float('nan')}
+            if per else float('nan'), 'warnings': warnings}
 
 
 def replicates_of(results_path: str, results: Mapping, boot: Bootstrap,
