@@ -181,12 +181,18 @@ def test_update_rewrites_one_entry_and_the_readme_table(tmp_path):
         readme_table('# nothing\n', 'yolo')
 
 
-def _results(config: str, clean: float, corrupted: float, protocol: str):
+def _results(config: str, clean: float, corrupted: float, protocol: str, **identity):
+    """A results dict, its images made as the protocol's published table made them unless
+    ``identity`` says otherwise."""
+    from mmrobust.corruptions import PUBLISHED_SETUPS
     cells = {'clean': {'0': {'coco/bbox_mAP': clean, 'coco/segm_mAP': clean - .05}}}
     for c in ('gaussian_noise', 'fog'):
         cells[c] = {str(s): {'coco/bbox_mAP': corrupted, 'coco/segm_mAP': corrupted - .05}
                     for s in range(1, 6)}
-    return {'config': config, 'protocol': protocol, 'cells': cells}
+    setup = PUBLISHED_SETUPS.get(protocol)
+    made = {'bgr_compat': setup.bgr_compat, 'source': setup.source,
+            'stored_set': {'lossless': False, 'jpeg_quality': setup.jpeg_quality}} if setup else {}
+    return {'config': config, 'protocol': protocol, 'cells': cells, **made, **identity}
 
 
 def test_results_are_checked_against_the_published_target(tmp_path):
@@ -219,6 +225,34 @@ def test_results_are_checked_against_the_published_target(tmp_path):
     assert status == 0 and 'COCO box AP: P_clean 41.9 vs published 53.3' in out
 
 
+def test_a_partial_results_file_is_not_compared():
+    """1 of 80 cells done: the mPC line says so instead of 'mPC 30.0 vs published 38.7'."""
+    from mmrobust.corruptions import get_protocol
+    config = 'configs/fan/cascade-mask-rcnn_fan-s-hybrid_fpn_ms-3x_coco.py'
+    results = _results(config, .419, .30, 'fan_coco_c')
+    protocol = get_protocol('fan_coco_c')
+    results['cells_planned'] = {c: list(s) for c, s in protocol.severities.items()}
+    results['cells'] = {k: v for k, v in results['cells'].items() if k in ('clean', 'fog')}
+    results['cells']['fog'] = {'1': results['cells']['fog']['1']}
+    _, lines = check_results(results, ENTRIES)
+    assert lines == ['COCO box AP: P_clean 41.9 vs published 53.3',
+                     'COCO-C box mPC: not compared: 79 of 80 cells of fan_coco_c are missing (a '
+                     'partial results file: finish the run) vs published 38.7']
+
+
+def test_images_made_otherwise_than_published_are_named_with_the_flags():
+    config = 'configs/fan/cascade-mask-rcnn_fan-s-hybrid_fpn_ms-3x_coco.py'
+    _, lines = check_results(_results(config, .419, .30, 'fan_coco_c', bgr_compat=False,
+                                      source='on-the-fly', stored_set=None), ENTRIES)
+    assert lines[1].startswith('COCO-C box mPC: mPC 30.0 vs published 38.7 (not comparable: '
+                               'colour order RGB, published BGR; images on-the-fly, published '
+                               'stored; published: FAN')
+    assert '--bgr-compat --jpeg-quality 95' in lines[1]
+    _, lines = check_results(_results(config, .419, .30, 'fan_coco_c', stored_set={
+        'lossless': True, 'jpeg_quality': None}), ENTRIES)
+    assert 'stored lossless, published JPEG quality 95' in lines[1]
+
+
 def _zoo_tool(*args):
     return run_tool_in_process('analysis_tools/model_zoo.py', *args)
 
@@ -236,3 +270,16 @@ def test_tool_prints_and_filters_the_zoo():
     assert status == 2 and 'no model-zoo entry matches' in err
     status, out, _ = _zoo_tool('--readme', 'yolo')
     assert status == 0 and out.splitlines() == readme_rows(select(ENTRIES, family='yolo'))
+
+
+def test_fans_cityscapes_c_targets_belong_to_fans_own_protocol():
+    """FAN's City-C figures are attached to the protocol of its test_city_c.py (19 corruptions
+    at severities 1-5, its grouping), not to SegFormer's 16-corruption cityscapes_c."""
+    from mmrobust.corruptions import PROTOCOLS, PUBLISHED_SETUPS
+    city = [e for e in ENTRIES if any(d == 'Cityscapes-C' for d, _, _ in e.published())]
+    assert city and all(e.metadata['Robustness Protocol'] == 'fan_city_c' for e in city)
+    fan = PROTOCOLS['fan_city_c']
+    assert len(fan.corruptions) == 19 and set(fan.cells()) == set(PROTOCOLS['all'].cells())
+    assert [fan.category(c) for c in ('elastic_transform', 'brightness', 'pixelate')] == [
+        'blur', 'weather', 'digital']
+    assert PUBLISHED_SETUPS['fan_city_c'].bgr_compat

@@ -12,7 +12,7 @@ import glob
 import os.path as osp
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -301,30 +301,90 @@ def _entry_for(results: Mapping, entries: Sequence[ZooEntry]) -> ZooEntry:
                    'lists the configs that have one.')
 
 
-def check_results(results: Mapping, entries: Sequence[ZooEntry]) -> Tuple[ZooEntry, List[str]]:
+def _setup_differences(results: Mapping, protocol: str) -> List[str]:
+    """How the results' corrupted images differ from the published table's (colour order,
+    on the fly or stored, JPEG quality of a stored set)."""
+    from ..corruptions import PUBLISHED_SETUPS
+    setup = PUBLISHED_SETUPS.get(protocol)
+    if setup is None:
+        return []
+    out = []
+    if bool(results.get('bgr_compat')) != setup.bgr_compat:
+        out.append(f'colour order {"BGR" if results.get("bgr_compat") else "RGB"}, published '
+                   f'{"BGR" if setup.bgr_compat else "RGB"}')
+    if results.get('source') != setup.source:
+        out.append(f'images {results.get("source")}, published {setup.source}')
+    stored = results.get('stored_set') or {}
+    if setup.jpeg_quality and results.get('source') == 'stored' and (
+            stored.get('lossless') or stored.get('jpeg_quality') != setup.jpeg_quality):
+        out.append(f'stored {"lossless" if stored.get("lossless") else "as JPEG quality "}'
+                   f'{"" if stored.get("lossless") else stored.get("jpeg_quality")}, published '
+                   f'JPEG quality {setup.jpeg_quality}')
+    if out:
+        out.append(f'published: {setup.origin}; reproduce with {setup.flags}')
+    return out
+
+
+def check_results(results: Mapping, entries: Sequence[ZooEntry],
+                  path: Optional[str] = None) -> Tuple[ZooEntry, List[str]]:
     """Lines comparing a ``test_robustness.py`` results dict with the published numbers of its
-    config's zoo entry (``P_clean 41.9 vs published 42.0``)."""
+    config's zoo entry (``P_clean 41.9 vs published 42.0``).
+
+    A corrupted-set number is not compared when cells of the run's protocol are missing (a
+    partial file), and is marked not comparable when the protocol or the way the images were
+    corrupted (colour order, stored or on the fly, JPEG quality) is not the published table's,
+    with the flags that reproduce it. With ``path`` and the run's per-image statistics, each
+    number comes with its bootstrap interval."""
     from ..evaluation.report import summarize
     entry = _entry_for(results, entries)
-    summary = summarize(results)['metrics']
+    summarized = summarize(results)
+    summary = summarized['metrics']
+    missing = summarized['missing']
+    planned = len(missing) + summarized['cells']
     protocol = entry.metadata.get('Robustness Protocol')
+    intervals = _intervals(path, results) if path else {}
+    differences = _setup_differences(results, protocol) if protocol else []
     lines = []
     for dataset, metric, value in entry.published():
         key, scale, stat = METRICS[metric]
-        m = next((v for k, v in summary.items() if k == key or k.endswith('/' + key)), None)
+        name = next((k for k in summary if k == key or k.endswith('/' + key)), None)
         corrupted = dataset.endswith('-C')
         if not corrupted and stat != 'P_clean':
             continue
-        if m is None:
+        if name is None:
             lines.append(f'{dataset} {metric}: not in the results (metrics: '
                          f'{", ".join(summary) or "none"}) vs published {value:g}')
             continue
-        got = m[stat] * (100. if stat == 'rPC' else scale)
+        if (corrupted or stat == 'rPC') and missing:
+            lines.append(f'{dataset} {metric}: not compared: {len(missing)} of {planned} cells '
+                         f'of {results.get("protocol")} are missing (a partial results file: '
+                         f'finish the run) vs published {value:g}')
+            continue
+        factor = 100. if stat == 'rPC' else scale
+        got = summary[name][stat] * factor
+        shown = f'{got:.1f}'
+        iv = intervals.get(name, {}).get(stat)
+        if iv is not None:
+            shown += f' [{iv[0] * factor:.1f}, {iv[1] * factor:.1f}]'
         note = ''
-        if corrupted and protocol and results.get('protocol') != protocol:
+        if corrupted and protocol and str(results.get('protocol')).split(':')[0] != protocol:
             note = (f' (published on protocol {protocol}, these results are '
                     f'{results.get("protocol")}: not comparable)')
-        lines.append(f'{dataset} {metric}: {stat} {got:.1f} vs published {value:g}{note}')
+        elif corrupted and differences:
+            note = f' (not comparable: {"; ".join(differences)})'
+        lines.append(f'{dataset} {metric}: {stat} {shown} vs published {value:g}{note}')
     if not lines:
         lines.append(f'{entry.name} has no published numbers to compare with')
     return entry, lines
+
+
+def _intervals(path: str, results: Mapping) -> Dict[str, Dict[str, Tuple[float, float]]]:
+    """The bootstrap intervals of P_clean / mPC / rPC from the run's per-image statistics
+    ({} without them)."""
+    from ..evaluation.uncertainty import Bootstrap, interval, replicates_of
+    if results.get('protocol') == 'mmdet-results':
+        return {}
+    boot = Bootstrap()
+    _, reps = replicates_of(path, results, boot)
+    return {name: {q: interval(entry[q], boot.confidence) for q in ('P_clean', 'mPC', 'rPC')
+                   if q in entry} for name, entry in reps.items()}

@@ -10,9 +10,11 @@ from .protocols import (
     CORRUPTIONS,
     HELD_OUT_CORRUPTIONS,
     PROTOCOLS,
+    PUBLISHED_SETUPS,
     SEVERITIES,
     CorruptionInfo,
     Protocol,
+    PublishedSetup,
     UnknownCorruptionError,
     corruptions_in,
     get_corruption,
@@ -21,6 +23,7 @@ from .protocols import (
 )
 
 __all__ = ['MIN_SIZE', 'corrupt', 'derive_seed', 'BENCHMARK_CORRUPTIONS', 'CATEGORIES',
-           'CORRUPTIONS', 'HELD_OUT_CORRUPTIONS', 'PROTOCOLS', 'SEVERITIES', 'CorruptionInfo',
+           'CORRUPTIONS', 'HELD_OUT_CORRUPTIONS', 'PROTOCOLS', 'PUBLISHED_SETUPS', 'SEVERITIES',
+           'CorruptionInfo', 'PublishedSetup',
            'Protocol', 'UnknownCorruptionError', 'corruptions_in', 'get_corruption',
            'get_protocol', 'resolve_protocol']

@@ -9,6 +9,7 @@ protocol                  corruptions                                       seve
 ``benchmark`` (COCO-C)    the 15 of ImageNet-C                              1–5
 ``cityscapes_c``          the 19 minus zoom, elastic, pixelate (SegFormer)  noise 1–3, else 1–5
 ``fan_coco_c``            FAN's 16 (4 per category)                         1–5
+``fan_city_c``            FAN's Cityscapes-C script: all 19                 1–5
 ``all``                   all 19                                            1–5
 ========================  ================================================  ===========
 """
@@ -143,8 +144,44 @@ PROTOCOLS: Dict[str, Protocol] = {
                    'defocus_blur', 'motion_blur', 'gaussian_blur', 'glass_blur',
                    'snow', 'frost', 'fog', 'spatter',
                    'brightness', 'contrast', 'saturate', 'jpeg_compression']),
+        _protocol('fan_city_c', "FAN's Cityscapes-C (NVlabs/FAN segmentation/tools/test_city_c.py):"
+                  ' all 19 corruptions at severities 1-5, each averaged over its severities',
+                  ['gaussian_noise', 'shot_noise', 'impulse_noise', 'speckle_noise',
+                   'defocus_blur', 'glass_blur', 'motion_blur', 'zoom_blur', 'gaussian_blur',
+                   'elastic_transform', 'contrast', 'pixelate', 'jpeg_compression', 'saturate',
+                   'snow', 'frost', 'fog', 'brightness', 'spatter'],
+                  # NOTE: the script's groups: elastic under blur, brightness under weather
+                  categories={'elastic_transform': 'blur'}),
         _protocol('all', 'All 19 corruptions at severities 1-5', CORRUPTIONS),
     )
+}
+
+
+@dataclass(frozen=True)
+class PublishedSetup:
+    """How a published table's corrupted images were made, and the flags that reproduce it."""
+    bgr_compat: bool  # corrupted as mmcv's BGR array read as RGB
+    source: str  # 'on-the-fly' or 'stored'
+    jpeg_quality: Optional[int]  # the stored set's JPEG quality (None: lossless or on the fly)
+    origin: str  # whose evaluation
+    flags: str  # what reproduces it here
+
+
+#: The published tables' set-ups, by protocol (where their code says; ``tools/analysis_tools/
+#: model_zoo.py --check`` compares a run with them).
+PUBLISHED_SETUPS: Dict[str, PublishedSetup] = {
+    'benchmark': PublishedSetup(
+        True, 'on-the-fly', None, "Michaelis et al. 2019 and DAT: mmdet's Corrupt on mmcv's BGR "
+        'image, on the fly', 'tools/test_robustness.py --protocol benchmark --bgr-compat'),
+    'fan_coco_c': PublishedSetup(
+        True, 'stored', 95, "FAN: imagecorruptions on mmcv's BGR read, stored as JPEG quality 95",
+        'tools/make_corrupted.py SRC OUT --protocol fan_coco_c --bgr-compat --jpeg-quality 95, '
+        'then tools/test_robustness.py --protocol fan_coco_c --corrupted-root OUT'),
+    'fan_city_c': PublishedSetup(
+        True, 'stored', None, "FAN's gen_city_c.py: imagecorruptions on mmcv's BGR read, stored "
+        'as PNG', 'tools/make_corrupted.py SRC OUT --protocol fan_city_c --bgr-compat '
+        '(PNG stays PNG), then tools/test_robustness.py --protocol fan_city_c '
+        '--corrupted-root OUT'),
 }
 
 

@@ -70,7 +70,7 @@ def main() -> int:
     if args.check:
         from mmrobust.evaluation.report import load_results
         for path in args.check:
-            entry, lines = check_results(load_results(path), entries)
+            entry, lines = check_results(load_results(path), entries, path)
             print(f'{path} ({entry.name}, {entry.config}):')
             print('\n'.join(f'  {line}' for line in lines))
         return 0
