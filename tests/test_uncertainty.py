@@ -8,6 +8,7 @@ import copy
 import csv
 import io
 import json
+import re
 import runpy
 import sys
 
@@ -396,6 +397,13 @@ def test_report_gives_intervals_paired_differences_seeds_and_ce(tmp_path):
     assert float(plain1['CE']) == pytest.approx(1.0)  # the reference against itself
     assert (tmp_path / 'rep' / 'intervals_mIoU.png').stat().st_size > 0
     assert 'Corruption Error against plain0' in out
+    # mCE with its interval over this run's images (the reference held fixed), the set named
+    table = out[out.index('Corruption Error against plain0'):]
+    row = next(line for line in table.splitlines() if line.startswith('| DAT #2 | mIoU |'))
+    mce, lo, hi = (float(x) for x in re.match(r'\| DAT #2 \| mIoU \| ([\d.]+) \[([\d.]+), '
+                                               r'([\d.]+)\]', row).groups())
+    assert lo < mce < hi and row.endswith('| 1 of the 15 benchmark corruptions |')
+    assert "mCE intervals: 95% over this run's test images (100 replicates)" in table
 
 
 def test_report_refuses_to_pair_different_images_and_says_what_is_missing(tmp_path):

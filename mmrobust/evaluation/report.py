@@ -68,6 +68,7 @@ def build_extras(entries: Sequence[Tuple[str, str, Mapping]], groups: Mapping[st
     from .uncertainty import (
         PairingError,
         check_pairable,
+        corruption_error_replicates,
         corruption_errors,
         interval,
         paired_differences,
@@ -156,6 +157,14 @@ def build_extras(entries: Sequence[Tuple[str, str, Mapping]], groups: Mapping[st
                     f'{len(chosen)} of the 15 benchmark corruptions' if chosen != done or all(
                         c in BENCHMARK_CORRUPTIONS for c in done) else
                     f'{len(chosen)} corruptions (none of the 15 benchmark ones)')
+                replicated = reps.get(label, {}).get(name)
+                if replicated:  # NOTE: this run's resampling; the reference held fixed
+                    per_rep = corruption_error_replicates(
+                        replicated['cells'], results['cells'], ref_results['cells'], name,
+                        chosen)
+                    if per_rep is not None:
+                        ce['intervals'] = {q: interval(v, extras.confidence)
+                                           for q, v in per_rep.items()}
                 extras.errors.setdefault(label, {})[name] = ce
                 extras.notes += [f'{label} {name}: {w}' for w in ce.get('warnings', [])]
     return extras
@@ -208,8 +217,16 @@ def _extras_markdown(extras: Extras) -> List[str]:
                   '| model | metric | mCE | relative mCE | over |', '|---|---|---|---|---|']
         for label, by_metric in extras.errors.items():
             for name, ce in by_metric.items():
-                lines.append(f'| {label} | {name} | {_pct(ce["mCE"])} | '
-                             f'{_pct(ce["relative_mCE"])} | {ce.get("corruptions", "")} |')
+                shown = []
+                for q in ('mCE', 'relative_mCE'):
+                    iv = ce.get('intervals', {}).get(q)
+                    shown.append(_pct(ce[q]) + (f' [{_pct(iv[0])}, {_pct(iv[1])}]'
+                                                if iv and iv[0] == iv[0] else ''))
+                lines.append(f'| {label} | {name} | {shown[0]} | {shown[1]} | '
+                             f'{ce.get("corruptions", "")} |')
+        if any('intervals' in ce for by in extras.errors.values() for ce in by.values()):
+            lines.append(f'\nmCE intervals: {extras.confidence:.0%} over this run\'s test images '
+                         f'({extras.replicates} replicates), the reference held at its numbers.')
     if extras.notes:
         lines += [''] + [f'- {note}' for note in extras.notes]
     return lines

@@ -301,6 +301,35 @@ def corruption_errors(cells: Mapping, reference: Mapping, metric: str,
             if per else float('nan'), 'warnings': warnings}
 
 
+def corruption_error_replicates(replicate_cells: Mapping[Cell, np.ndarray], cells: Mapping,
+                                reference: Mapping, metric: str, corruptions: Sequence[str]
+                                ) -> Optional[Dict[str, np.ndarray]]:
+    """mCE and relative mCE per bootstrap replicate (``{'mCE': (R,), 'relative_mCE': (R,)}``)
+    from a run's replicate cells, the reference held at its recorded numbers (its own sampling
+    is not in the interval); None where a cell has no replicates."""
+    scale = metric_scale(metric)
+
+    def ref(corruption: str, severity: int) -> float:
+        by_sev = reference.get(corruption) or {}
+        return float(by_sev.get(severity, by_sev.get(str(severity)))[metric])
+
+    clean = replicate_cells.get((CLEAN, 0))
+    if clean is None:
+        return None
+    ces, rels = [], []
+    for c in corruptions:
+        sevs = sorted(int(s) for s in cells[c])
+        if not all((c, s) in replicate_cells for s in sevs):
+            return None
+        ref_err = sum(scale - ref(c, s) for s in sevs)
+        ref_drop = sum(ref(CLEAN, 0) - ref(c, s) for s in sevs)
+        ces.append(sum(scale - replicate_cells[(c, s)] for s in sevs) / ref_err
+                   if ref_err else np.full_like(clean, np.nan))
+        rels.append(sum(clean - replicate_cells[(c, s)] for s in sevs) / ref_drop
+                    if ref_drop else np.full_like(clean, np.nan))
+    return {'mCE': np.mean(ces, axis=0), 'relative_mCE': np.mean(rels, axis=0)}
+
+
 def replicates_of(results_path: str, results: Mapping, boot: Bootstrap,
                   stats: Optional[CellStats] = None) -> Tuple[CellStats, Dict]:
     """A results file's per-image statistics and its replicate summary (empty without
