@@ -155,3 +155,18 @@ def test_the_front_page_is_short_and_links_every_page():
     missing = [p.relative_to(REPO).as_posix() for p in sorted((REPO / 'docs').rglob('*.md'))
                if p.resolve() not in linked]
     assert not missing, f'README.md does not link {missing}'
+
+
+def test_the_sources_of_the_protocols_and_counts_are_named():
+    """Cityscapes-C's origin (Kamann & Rother) and the robustness analyses the analysis tools
+    follow (Paul & Chen) are cited; FAN's parameter counts are called the released code's,
+    not the paper's; the guide says which protocol each published table used."""
+    readme = (REPO / 'README.md').read_text()
+    assert '@article{kamann2021benchmarking' in readme and 'Kamann, Christoph' in readme
+    assert '@inproceedings{paul2022vision' in readme and 'Vision Transformers are Robust' in readme
+    fan = (REPO / 'configs' / 'fan' / 'README.md').read_text()
+    assert "counts are the paper's" not in fan and "the released code's models" in fan
+    guide = (REPO / 'docs' / 'en' / 'user_guides' / 'robustness_benchmarking.md').read_text()
+    section = guide[guide.index('## Comparing with published numbers'):]
+    for protocol in ('`benchmark`', '`fan_coco_c`', '`fan_city_c`', '`cityscapes_c`'):
+        assert protocol in section.split('\n\n', 3)[2], protocol

@@ -459,3 +459,24 @@ def test_merged_shards_find_their_shards_per_image_files(tmp_path):
     assert reps['mIoU']['mPC'].shape == (50, )
     stored = load_cell_stats(stats_path(stats_dir(shards[1][0]), 'gaussian_noise', 1))
     assert stored['meta']['cell'] == ['gaussian_noise', 1]
+
+
+def test_model_zoo_check_gives_intervals_where_per_image_statistics_exist(tmp_path):
+    from mmrobust.apis.model_zoo import check_results, load_zoo
+    rng = np.random.default_rng(1)
+    images = [f'leftImg8bit/val/c/img{i}.png' for i in range(40)]
+    scale = rng.gamma(2.0, 0.5, 40)
+    p, q = np.array([.9, .7, .6, .8]), np.array([.2, .3, .1, .25])
+    cells = {(c, s): _areas(rng, 40, 4, p * (1 - .2 * s), q, scale)
+             for c, s in (('clean', 0), ('gaussian_noise', 1), ('gaussian_noise', 2))}
+    path = _write_run(tmp_path, 'run', cells, images)
+    results = json.loads(path.read_text())
+    results['config'] = 'configs/fan/segformer_fan-s-hybrid_8xb1-160k_cityscapes-1024x1024.py'
+    _, lines = check_results(results, load_zoo(str(REPO)), str(path))
+    clean = re.match(r'Cityscapes mIoU: P_clean ([\d.]+) \[([\d.]+), ([\d.]+)\] vs published',
+                     lines[0])
+    assert clean, lines
+    lo, value, hi = float(clean.group(2)), float(clean.group(1)), float(clean.group(3))
+    assert lo < value < hi
+    assert re.search(r'mPC [\d.]+ \[[\d.]+, [\d.]+\] vs published 66.4 \(published on '
+                     'protocol fan_city_c', lines[1]), lines
