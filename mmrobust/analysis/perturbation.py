@@ -200,7 +200,8 @@ def open_study(config: str, checkpoint: str, results_path: str, identity: Dict,
     from mmengine.config import Config
 
     from ..apis import apply_common_args, apply_test_args, build_runner
-    from ..evaluation.robustness import config_sha256, file_sha256
+    from ..evaluation.results import file_sha256
+    from ..evaluation.robustness import config_sha256
     cfg = Config.fromfile(config)
     cfg = apply_common_args(cfg, config, 'none', work_dir, cfg_options)
     cfg = apply_test_args(cfg, checkpoint, None, False, None, 0, False)
