@@ -171,3 +171,22 @@ def test_a_test_pipeline_without_annotations_stops_the_tool_before_inference():
                                             if s['type'] != 'LoadAnnotations']
     with pytest.raises(AttackError, match=r"Add dict\(type='LoadAnnotations', \.\.\.\) before"):
         check_attack_pipeline(cfg)
+
+
+def test_crowd_boxes_are_rescaled_with_the_other_ground_truth():
+    """mmdet's test pipelines load annotations after Resize: the attack brings them to the
+    input's scale, the ignored (crowd) boxes too, which the assigners use to ignore proposals."""
+    from mmdet.structures import DetDataSample
+    from mmdet.structures.bbox import HorizontalBoxes
+    from mmengine.structures import InstanceData
+
+    from mmrobust.evaluation.attacks import _gt_at_input_scale
+    sample = DetDataSample(metainfo=dict(scale_factor=(2.0, 0.5), img_shape=(50, 200)))
+    sample.gt_instances = InstanceData(
+        bboxes=HorizontalBoxes(torch.tensor([[10., 20., 30., 40.]])), labels=torch.tensor([1]))
+    sample.ignored_instances = InstanceData(bboxes=torch.tensor([[0., 0., 50., 100.]]),
+                                            labels=torch.tensor([0]))
+    scaled = _gt_at_input_scale([sample])[0]
+    assert scaled.gt_instances.bboxes.tensor.tolist() == [[20., 10., 60., 20.]]
+    assert scaled.ignored_instances.bboxes.tolist() == [[0., 0., 100., 50.]]
+    assert sample.ignored_instances.bboxes.tolist() == [[0., 0., 50., 100.]]  # a copy

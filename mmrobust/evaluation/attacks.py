@@ -169,18 +169,21 @@ def _gt_at_input_scale(samples: Sequence) -> List:
     out = []
     for sample in samples:
         sample = copy.deepcopy(sample)  # NOTE: clone() shares the boxes, rescaled in place
-        gt = sample.gt_instances
         w_scale, h_scale = sample.metainfo.get('scale_factor', (1.0, 1.0))
         if (w_scale, h_scale) != (1.0, 1.0):
-            boxes = gt.bboxes
-            scale = boxes.new_tensor([w_scale, h_scale, w_scale, h_scale]) \
-                if torch.is_tensor(boxes) else None
-            if scale is not None:
-                gt.bboxes = boxes * scale
-            else:  # NOTE: mmdet's box types
-                boxes.rescale_((w_scale, h_scale))
-            if 'masks' in gt:
-                gt.masks = gt.masks.resize(tuple(sample.metainfo['img_shape'][:2]))
+            # NOTE: the crowd boxes too: the losses' assigners ignore proposals by them
+            for key in ('gt_instances', 'ignored_instances'):
+                if key not in sample:
+                    continue
+                gt = sample.get(key)
+                if 'bboxes' in gt:
+                    boxes = gt.bboxes
+                    if torch.is_tensor(boxes):
+                        gt.bboxes = boxes * boxes.new_tensor([w_scale, h_scale] * 2)
+                    else:  # NOTE: mmdet's box types
+                        boxes.rescale_((w_scale, h_scale))
+                if 'masks' in gt:
+                    gt.masks = gt.masks.resize(tuple(sample.metainfo['img_shape'][:2]))
         out.append(sample)
     return out
 
