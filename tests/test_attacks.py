@@ -190,3 +190,40 @@ def test_crowd_boxes_are_rescaled_with_the_other_ground_truth():
     assert scaled.gt_instances.bboxes.tensor.tolist() == [[20., 10., 60., 20.]]
     assert scaled.ignored_instances.bboxes.tolist() == [[0., 0., 100., 50.]]
     assert sample.ignored_instances.bboxes.tolist() == [[0., 0., 50., 100.]]  # a copy
+
+
+def test_segpgd_and_cospgd_weightings_on_a_hand_computed_example():
+    """Two pixels of class 0, the first predicted right (logits 2, 0), the second wrong (0, 1):
+    SegPGD weighs the right one 1 - λ and the wrong one λ, λ = (t - 1) / 2T (Gu et al. 2022);
+    CosPGD weighs each by cos(softmax, one-hot) (Agnihotri et al. 2024). Swapped λ, or 1 - cos,
+    give other numbers."""
+    import math
+    from types import SimpleNamespace
+
+    from mmengine.structures import PixelData
+    from mmseg.structures import SegDataSample
+
+    from mmrobust.evaluation.attacks import _seg_weighted_loss
+    logits = torch.tensor([[2.0, 0.0], [0.0, 1.0]]).T.reshape(1, 2, 1, 2)  # (N, C, H, W)
+
+    class Stub(torch.nn.Module):
+        decode_head = SimpleNamespace(align_corners=False, ignore_index=255)
+
+        def forward(self, inputs, samples, mode):
+            return logits
+    sample = SegDataSample(metainfo=dict(img_shape=(1, 2)))
+    sample.gt_sem_seg = PixelData(data=torch.zeros(1, 1, 2, dtype=torch.long))
+    inputs = torch.zeros(1, 3, 1, 2)
+    ce_right, ce_wrong = math.log(1 + math.exp(-2)), math.log(1 + math.exp(1))
+    for step, steps in ((0, 4), (1, 4), (3, 4)):  # the t-th of T iterations is step t - 1
+        lam = step / (2 * steps)
+        got = float(_seg_weighted_loss('segpgd', Stub(), inputs, [sample], step, steps))
+        assert got == pytest.approx(((1 - lam) * ce_right + lam * ce_wrong) / 2, rel=1e-6)
+
+    def cos(a, b, y):  # softmax of (a, b) against the one-hot of class y
+        p = (math.exp(a), math.exp(b))
+        p = tuple(v / sum(p) for v in p)
+        return p[y] / math.hypot(*p)
+    got = float(_seg_weighted_loss('cospgd', Stub(), inputs, [sample], 0, 4))
+    assert got == pytest.approx((cos(2, 0, 0) * ce_right + cos(0, 1, 0) * ce_wrong) / 2,
+                                rel=1e-6)
