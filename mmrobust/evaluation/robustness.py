@@ -202,6 +202,13 @@ def _shareable(err: BaseException) -> BaseException:
         return RuntimeError(f'{type(err).__name__}: {err}')
 
 
+def _from_rank0(value: Any) -> Any:
+    """Rank 0's ``value`` on every rank (a broadcast: every rank must call it)."""
+    box = [value]
+    broadcast_object_list(box)
+    return box[0]
+
+
 @contextmanager
 def results_lock(path: str, wait: bool = False, poll_s: float = 5.0) -> Iterator[None]:
     """One writer per results file: rank 0 holds its lock for the with-block.
@@ -225,9 +232,7 @@ def results_lock(path: str, wait: bool = False, poll_s: float = 5.0) -> Iterator
                 except Exception as err:
                     outcome = _shareable(err)
             if world > 1:  # NOTE: every rank is here, before any cell: the collective is safe
-                box = [outcome]
-                broadcast_object_list(box)
-                outcome = box[0]
+                outcome = _from_rank0(outcome)
             if outcome is None:
                 break
             if not (wait and isinstance(outcome, FileLockedError)):
@@ -308,9 +313,7 @@ def _broadcast_plan(plan: Optional[_Plan]) -> _Plan:
     if world > 1:
         if plan is not None and plan.error is not None:
             plan.error = _shareable(plan.error)
-        box = [plan]
-        broadcast_object_list(box)
-        plan = box[0]
+        plan = _from_rank0(plan)
     assert plan is not None
     if plan.error is not None:
         raise plan.error
@@ -680,9 +683,7 @@ def _rank0_until_done(steps: Optional[Iterator[None]]) -> None:
             except BaseException as err:
                 state = _shareable(err)
         if world > 1:  # NOTE: every rank is here, between two cells: the collective is safe
-            box = [state]
-            broadcast_object_list(box)
-            state = box[0]
+            state = _from_rank0(state)
         if state is None:
             return
         if isinstance(state, BaseException):
