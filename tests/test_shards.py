@@ -52,7 +52,7 @@ def _writer_identity(**overrides) -> dict:
     """What the robustness writer records (make_identity), for a stored set with attacks."""
     from mmrobust.corruptions import Protocol
     args = dict(protocol=Protocol('custom', '', {'fog': (1, 2), 'snow': (1, )}), seed=0,
-                bgr_compat=False, corrupted_root='/data/c',
+                bgr_compat=False, corrupted_root='sets/coco-c',
                 stored_set={'manifest': True, 'seed': 0, 'channel_order': 'rgb',
                             'lossless': True, 'jpeg_quality': None, 'images': 24},
                 attacks=PLAN, config='a.py', config_sha256='c', checkpoint='',
@@ -149,8 +149,9 @@ def test_a_stored_set_of_other_provenance_is_refused_on_resume(tmp_path):
     with pytest.raises(ResultsMismatchError, match='stored_set: file has'):
         RobustnessResults(path, _writer_identity(shard=None, stored_set=other))
     # the same set at another path (a node-local copy) is the same set
-    moved = RobustnessResults(path, _writer_identity(shard=None, corrupted_root='/scratch/c'))
-    assert moved.data['corrupted_root'] == '/scratch/c'
+    moved = RobustnessResults(path, _writer_identity(shard=None,
+                                                     corrupted_root='scratch/coco-c'))
+    assert moved.data['corrupted_root'] == 'scratch/coco-c'
 
 
 def test_a_results_file_of_an_earlier_mmrobust_still_resumes(tmp_path, monkeypatch):

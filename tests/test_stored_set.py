@@ -37,13 +37,15 @@ def _stored_copy(toy_coco: Path, root: Path, cell=('fog', 3), **manifest) -> Pat
     return root
 
 
-def test_the_layout_is_spelled_once():
-    assert cell_folder('/s', 'fog', 3) == '/s/fog/3'
-    assert cell_image_path('/d/val2017/a.jpg', '/d', '/s', 'fog', 3) == '/s/fog/3/val2017/a.jpg'
-    with pytest.raises(StoredSetError, match='not under the dataset.s data_root /d'):
-        cell_image_path('/elsewhere/val2017/a.jpg', '/d', '/s', 'fog', 3)
+def test_the_layout_is_spelled_once(tmp_path):
+    data, stored = tmp_path / 'coco', tmp_path / 'coco-c'
+    assert cell_folder(str(stored), 'fog', 3) == str(stored / 'fog' / '3')
+    assert cell_image_path(str(data / 'val2017' / 'a.jpg'), str(data), str(stored), 'fog',
+                           3) == str(stored / 'fog' / '3' / 'val2017' / 'a.jpg')
+    with pytest.raises(StoredSetError, match='not under the dataset.s data_root'):
+        cell_image_path(str(tmp_path / 'elsewhere' / 'a.jpg'), str(data), str(stored), 'fog', 3)
     with pytest.raises(StoredSetError, match='no data_root'):
-        cell_image_path('val2017/a.jpg', None, '/s', 'fog', 3)
+        cell_image_path('val2017/a.jpg', None, str(stored), 'fog', 3)
 
 
 def test_a_half_written_or_failed_set_is_refused(tmp_path):
