@@ -21,7 +21,7 @@ from mmengine.evaluator.metric import _to_cpu
 from mmengine.logging import print_log
 from mmengine.runner import TestLoop
 
-from ..utils.errors import ConfigError
+from ..utils.errors import ConfigError, shareable
 from ..utils.io import TMP_MARK, atomic_write
 
 __all__ = ['PREDICTIONS_FORMAT', 'InferenceLoop', 'MetricClassError', 'MetricWorker',
@@ -331,15 +331,6 @@ class WorkerDiedError(RuntimeError):
     """The metric worker process ended (killed, out of memory) with cells in its hands."""
 
 
-def _shareable(err: BaseException) -> BaseException:
-    """``err`` if it pickles, else a RuntimeError with its message (it crosses a pipe)."""
-    try:
-        pickle.dumps(err)
-        return err
-    except Exception:
-        return RuntimeError(f'{type(err).__name__}: {err}')
-
-
 def _worker_main(conn: Any, scope: Optional[str], imports: Sequence[str]) -> None:
     """The metric worker's loop: import what the metrics need, then compute the cells it is
     sent, in order, sending back ``(seq, ok, result or error)``; ``None`` ends it."""
@@ -349,7 +340,7 @@ def _worker_main(conn: Any, scope: Optional[str], imports: Sequence[str]) -> Non
         for module in imports:  # NOTE: the config's custom_imports and the metrics' modules
             importlib.import_module(module)
     except BaseException as err:
-        conn.send((-1, False, _shareable(err)))
+        conn.send((-1, False, shareable(err)))
         return
     while True:
         try:
@@ -362,7 +353,7 @@ def _worker_main(conn: Any, scope: Optional[str], imports: Sequence[str]) -> Non
         try:
             conn.send((seq, True, _compute_file(*args[:2], scope, *args[2:])))
         except BaseException as err:
-            conn.send((seq, False, _shareable(err)))
+            conn.send((seq, False, shareable(err)))
 
 
 class _Job:

@@ -35,7 +35,7 @@ from ..corruptions.stored import (
     stored_settings,
 )
 from ..utils.config_checks import leaf_datasets
-from ..utils.errors import InputNotFoundError, MMRobustError
+from ..utils.errors import InputNotFoundError, MMRobustError, shareable
 from ..utils.io import TMP_MARK, FileLockedError, exclusive_lock
 from ..utils.progress import Progress
 from .attacks import (
@@ -191,17 +191,6 @@ def _check_stored_leaves(cfg: Config, corrupted_root: str,
 
 # -- the results file ------------------------------------------------------------------------------
 
-def _shareable(err: BaseException) -> BaseException:
-    """``err`` if it can be broadcast (pickled), else a RuntimeError with its message: rank 0's
-    error must stop every rank either way."""
-    import pickle
-    try:
-        pickle.dumps(err)
-        return err
-    except Exception:
-        return RuntimeError(f'{type(err).__name__}: {err}')
-
-
 def _from_rank0(value: Any) -> Any:
     """Rank 0's ``value`` on every rank (a broadcast: every rank must call it)."""
     box = [value]
@@ -230,7 +219,7 @@ def results_lock(path: str, wait: bool = False, poll_s: float = 5.0) -> Iterator
                 except FileLockedError as err:
                     outcome = err
                 except Exception as err:
-                    outcome = _shareable(err)
+                    outcome = shareable(err)
             if world > 1:  # NOTE: every rank is here, before any cell: the collective is safe
                 outcome = _from_rank0(outcome)
             if outcome is None:
@@ -312,7 +301,7 @@ def _broadcast_plan(plan: Optional[_Plan]) -> _Plan:
     _, world = get_dist_info()
     if world > 1:
         if plan is not None and plan.error is not None:
-            plan.error = _shareable(plan.error)
+            plan.error = shareable(plan.error)
         plan = _from_rank0(plan)
     assert plan is not None
     if plan.error is not None:
@@ -681,7 +670,7 @@ def _rank0_until_done(steps: Optional[Iterator[None]]) -> None:
             except StopIteration:
                 state = None
             except BaseException as err:
-                state = _shareable(err)
+                state = shareable(err)
         if world > 1:  # NOTE: every rank is here, between two cells: the collective is safe
             state = _from_rank0(state)
         if state is None:

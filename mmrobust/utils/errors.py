@@ -20,7 +20,7 @@ import traceback
 from typing import Callable, NoReturn, Optional
 
 __all__ = ['MMRobustError', 'UsageError', 'UnknownNameError', 'ConfigError', 'InputNotFoundError',
-           'user_error', 'run_tool', 'DEBUG_ENV']
+           'user_error', 'run_tool', 'shareable', 'DEBUG_ENV']
 
 DEBUG_ENV = 'MMROBUST_DEBUG'
 
@@ -123,3 +123,14 @@ def run_tool(main: Callable[[], Optional[int]]) -> NoReturn:
                       flush=True)
         sys.exit(err.exit_code)
     sys.exit(status or 0)
+
+
+def shareable(err: BaseException) -> BaseException:
+    """``err`` if it pickles (it crosses to other ranks or processes), else a RuntimeError
+    with its message: an error must stop the receiver either way."""
+    import pickle
+    try:
+        pickle.dumps(err)
+        return err
+    except Exception:
+        return RuntimeError(f'{type(err).__name__}: {err}')
