@@ -1,6 +1,7 @@
 """White-box attacks (mmrobust.evaluation.attacks) on the toy detector and segmentor: the budget,
 the model left as it was, the loss ascended, the random parts seeded per image, bad input."""
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -10,6 +11,7 @@ from mmengine.registry import MODELS, init_default_scope
 from mmengine.runner import Runner
 
 from mmrobust.evaluation.attacks import (
+    ATTACKS,
     Attack,
     AttackError,
     attack_batch,
@@ -66,7 +68,11 @@ def test_epsilon_and_attack_names_are_checked():
     with pytest.raises(AttackError, match='unknown attack .pgd_l3.*pgd_linf.*cospgd_l2'):
         Attack.from_name('pgd_l3', '8/255')
     with pytest.raises(AttackError, match='random_start'):
-        Attack.from_name('pgd_linf', 0.1, restarts=3)
+        Attack.from_name('pgd_linf', 0.1, restarts=3, random_start=False)
+    # the papers' starts: FGSM from the image, PGD, SegPGD and CosPGD from a random point
+    assert [Attack.from_name(f'{a}_linf', 0.1).random_start for a in ATTACKS] == \
+        [False, True, True, True]
+    assert Attack.from_name('segpgd_l2', 0.1, random_start=False).random_start is False
     assert Attack.from_name('fgsm_linf', 0.1, steps=10).steps == 1
     assert Attack.from_name('pgd_linf', 0.1, steps=10).alpha == pytest.approx(0.025)
     assert len(attack_names()) == 8
@@ -127,23 +133,136 @@ def test_attacks_raise_the_loss_and_more_steps_do_not_lower_it(name, model_and_b
     assert finals[1] >= finals[0] - 1e-3 * abs(finals[0]), finals
 
 
-def test_an_image_gets_the_same_attack_in_any_batch(seg):
-    """The attack of an image does not depend on its batch (so 1 and N processes, any batch
-    size and a resume agree): per-image random start, and the L-inf step is the sign of a
-    gradient that a batch mean only scales; up to float rounding. (Restarts are chosen per
-    batch: mmdet's losses are batch means.)"""
+@pytest.mark.parametrize('name,eps', [('fgsm_l2', 0.05), ('fgsm_linf', 1e-4)])
+def test_a_small_step_moves_the_loss_as_its_first_order_prediction(name, eps, seg):
+    """Beyond the ε = 0 plumbing: at a small ε the attacked loss rises by ⟨∇L, δ⟩ (ε‖∇L‖₂ for
+    L2, ε‖∇L‖₁ for L-inf, less what the [0, 1] clamp takes), so the step goes up the gradient
+    of the loss that is measured, by the amount the budget allows."""
+    from mmrobust.evaluation.attacks import _objective
+    from mmrobust.models import adversarial
     model, data = seg
-    attack = Attack.from_name('pgd_linf', EPS, steps=2, random_start=True)
-    both = attack_batch(model, data, attack).data['inputs']
-    alone = attack_batch(model, dict(data, inputs=data['inputs'][1:],
-                                     data_samples=data['data_samples'][1:]), attack).data
-    # NOTE: float rounding differs between the batch and the single image, and flips the sign
-    # where the gradient is about 0: 0.3% of the values after 2 steps on the toy segmentor
-    same = (alone['inputs'][0] - both[1]).abs() <= 1e-5
-    assert float(same.float().mean()) > 0.99
-    reseeded = attack_batch(model, data, Attack.from_name(
-        'pgd_linf', EPS, steps=2, random_start=True, seed=1)).data['inputs']
-    assert float(((reseeded - both).abs() <= 1e-5).float().mean()) < 0.9  # another start
+    attack = Attack.from_name(name, eps)
+    space = PixelSpace(model.data_preprocessor)
+    x0 = space.to_pixels(data['inputs'])
+    result = attack_batch(model, data, attack)
+    delta = space.to_pixels(result.data['inputs']) - x0
+    rise = attack_loss(model, result.data, attack) - attack_loss(model, data, attack)
+    predicted = 0.0
+    with adversarial.eval_mode(model):
+        for i in range(len(data['data_samples'])):  # the loss is the images' mean
+            grad, _ = adversarial.input_gradient(lambda p: _objective(
+                attack, model, space.from_pixels(p), data['data_samples'][i:i + 1], None),
+                x0[i:i + 1])
+            predicted += float((grad * delta[i:i + 1]).sum()) / len(data['data_samples'])
+            norm = grad.abs().sum() if attack.norm == 'linf' else grad.norm()
+            assert float((grad * delta[i:i + 1]).sum()) <= eps * float(norm) * (1 + 1e-4)
+    assert predicted > 0
+    assert rise == pytest.approx(predicted, rel=0.05), (rise, predicted)
+
+
+def _preprocessed(model, raw: dict, order) -> dict:
+    """The data preprocessor's batch of the raw images ``order`` (indices into ``raw``), as a
+    loader would give it with that batch (its own padding)."""
+    raw = copy.deepcopy(raw)
+    return model.data_preprocessor({k: [raw[k][i] for i in order] for k in raw}, False)
+
+
+@pytest.mark.parametrize('kind,name', [('seg', 'pgd_linf'), ('det', 'pgd_linf'),
+                                       ('det', 'pgd_l2')])
+def test_an_image_gets_the_same_attack_alone_in_a_batch_and_in_any_order(kind, name, toy_data):
+    """The attack of an image does not depend on its batch, so 1 and N processes, any batch size
+    and a resume agree: alone, in a batch of 2 and with the batch's order swapped, the image's
+    attacked values are identical (the toy Mask R-CNN's proposal samplers included; its batch
+    of 2 pads the smaller image)."""
+    config = SEG if kind == 'seg' else DET
+    model, _ = _setup(config)
+    cfg = Config.fromfile(str(REPO / config))
+    loader = Runner.build_dataloader(dict(cfg.test_dataloader, batch_size=2, num_workers=0,
+                                          persistent_workers=False))
+    raw = next(iter(loader))
+    if kind == 'det':  # NOTE: image 1 smaller, so that the batch of 2 pads it more than alone
+        image = raw['inputs'][1] = raw['inputs'][1][:, :-64, :-96].contiguous()
+        raw['data_samples'][1].set_metainfo({'img_shape': tuple(image.shape[-2:])})
+    attack = Attack.from_name(name, EPS if name.endswith('linf') else 1.0, steps=2,
+                              random_start=True)
+
+    def attacked(order, seed=0):
+        data = _preprocessed(model, raw, order)
+        adv = attack_batch(model, data, dataclasses.replace(attack, seed=seed),
+                           gt_at_file_scale=kind == 'det').data['inputs']
+        out = {}
+        for row, i in enumerate(order):
+            h, w = data['data_samples'][row].img_shape[:2]
+            out[i] = adv[row, :, :h, :w]
+        return out, data
+    both, data = attacked([0, 1])
+    swapped = attacked([1, 0])[0]
+    padded = 0
+    for i, adv in both.items():
+        alone, data_alone = attacked([i])
+        padded += data_alone['inputs'].shape != data['inputs'][:1].shape
+        assert torch.equal(adv, alone[i])
+        assert torch.equal(adv, swapped[i])
+    assert padded == (kind == 'det'), 'the toy detector pads one image in the batch of 2'
+    reseeded = attacked([0, 1], seed=1)[0]
+    assert not torch.equal(reseeded[1], both[1])  # another start
+
+
+SLIDE = {'model.test_cfg': dict(mode='slide', crop_size=(256, 256), stride=(192, 192))}
+
+
+def _window_loop_ce(model, inputs: torch.Tensor, sample) -> torch.Tensor:
+    """The slide predictor's mean cross-entropy, written out: 256-pixel windows every 192
+    pixels (the last one flush with the edge), their class scores averaged where they overlap,
+    resized to the label."""
+    import torch.nn.functional as F
+    crop, stride = 256, 192
+    height, width = inputs.shape[-2:]
+
+    def starts(size):
+        last = size - crop
+        return sorted({min(k * stride, last) for k in range(-(-last // stride) + 1)})
+    total = count = 0
+    for y in starts(height):
+        for x in starts(width):
+            window = inputs[:, :, y:y + crop, x:x + crop]
+            scores = model.encode_decode(window, [dict(sample.metainfo, img_shape=(crop, crop))])
+            total = total + F.pad(scores, (x, width - x - crop, y, height - y - crop))
+            count = count + F.pad(torch.ones_like(scores[:, :1]),
+                                  (x, width - x - crop, y, height - y - crop))
+    label = sample.gt_sem_seg.data.long()
+    scores = F.interpolate(total / count, size=label.shape[-2:], mode='bilinear',
+                           align_corners=False)
+    return F.cross_entropy(scores, label, ignore_index=255)
+
+
+def test_segmentor_attacks_differentiate_the_slide_predictor_that_is_scored(toy_data):
+    """With a slide test_cfg the attack's gradient is the slide predictor's (an explicit window
+    loop), not the whole-image forward's: FGSM-L2's step at a small budget is ε g / ‖g‖."""
+    from mmrobust.models import adversarial
+    model, data = _setup(SEG, batch_size=1, pipeline_options=SLIDE)
+    sample = data['data_samples'][0]
+    space = PixelSpace(model.data_preprocessor)
+    x0 = space.to_pixels(data['inputs'])
+    assert x0.shape[-1] > 256  # the windows overlap: several of them
+    eps = 0.05
+    adv = attack_batch(model, data, Attack.from_name('fgsm_l2', eps)).data['inputs']
+    step = (space.to_pixels(adv) - x0) / eps
+    inside = ((x0 > 1e-3) & (x0 < 1 - 1e-3)).expand_as(x0)  # no clamp at 0 or 1
+
+    def cosine(grad):
+        grad = grad / grad.norm()
+        return float(torch.nn.functional.cosine_similarity(step[inside], grad[inside], dim=0))
+    with adversarial.eval_mode(model):
+        slide, _ = adversarial.input_gradient(
+            lambda p: _window_loop_ce(model, space.from_pixels(p), sample), x0)
+        whole, _ = adversarial.input_gradient(
+            lambda p: torch.nn.functional.cross_entropy(torch.nn.functional.interpolate(
+                model.encode_decode(space.from_pixels(p), [sample.metainfo]),
+                size=sample.gt_sem_seg.shape, mode='bilinear'),
+                sample.gt_sem_seg.data.long(), ignore_index=255), x0)
+    assert cosine(slide) > 0.999
+    assert cosine(whole) < 0.95  # the whole-image surrogate's is another direction
 
 
 def test_test_data_without_ground_truth_says_which_step_to_add(toy_data):
@@ -203,13 +322,13 @@ def test_segpgd_and_cospgd_weightings_on_a_hand_computed_example():
     from mmengine.structures import PixelData
     from mmseg.structures import SegDataSample
 
-    from mmrobust.evaluation.attacks import _seg_weighted_loss
+    from mmrobust.evaluation.attacks import _seg_loss
     logits = torch.tensor([[2.0, 0.0], [0.0, 1.0]]).T.reshape(1, 2, 1, 2)  # (N, C, H, W)
 
     class Stub(torch.nn.Module):
         decode_head = SimpleNamespace(align_corners=False, ignore_index=255)
 
-        def forward(self, inputs, samples, mode):
+        def inference(self, inputs, img_metas):
             return logits
     sample = SegDataSample(metainfo=dict(img_shape=(1, 2)))
     sample.gt_sem_seg = PixelData(data=torch.zeros(1, 1, 2, dtype=torch.long))
@@ -217,13 +336,13 @@ def test_segpgd_and_cospgd_weightings_on_a_hand_computed_example():
     ce_right, ce_wrong = math.log(1 + math.exp(-2)), math.log(1 + math.exp(1))
     for step, steps in ((0, 4), (1, 4), (3, 4)):  # the t-th of T iterations is step t - 1
         lam = step / (2 * steps)
-        got = float(_seg_weighted_loss('segpgd', Stub(), inputs, [sample], step, steps))
+        got = float(_seg_loss('segpgd', Stub(), inputs, [sample], step, steps))
         assert got == pytest.approx(((1 - lam) * ce_right + lam * ce_wrong) / 2, rel=1e-6)
 
     def cos(a, b, y):  # softmax of (a, b) against the one-hot of class y
         p = (math.exp(a), math.exp(b))
         p = tuple(v / sum(p) for v in p)
         return p[y] / math.hypot(*p)
-    got = float(_seg_weighted_loss('cospgd', Stub(), inputs, [sample], 0, 4))
+    got = float(_seg_loss('cospgd', Stub(), inputs, [sample], 0, 4))
     assert got == pytest.approx((cos(2, 0, 0) * ce_right + cos(0, 1, 0) * ce_wrong) / 2,
                                 rel=1e-6)

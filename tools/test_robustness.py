@@ -113,10 +113,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--attack-steps', type=int, default=10, help='PGD iterations (10)')
     parser.add_argument('--attack-step-size', type=float, default=None,
                         help='default: 2.5 * epsilon / steps (FGSM: epsilon)')
-    parser.add_argument('--attack-random-start', action='store_true',
-                        help='start from a uniform point of the epsilon-ball')
+    parser.add_argument('--attack-random-start', nargs='?', const='on', default=None,
+                        choices=('on', 'off'),
+                        help='start from a uniform point of the epsilon-ball (default: each '
+                             "attack's paper: off for fgsm, on for pgd, segpgd and cospgd)")
     parser.add_argument('--attack-restarts', type=int, default=1,
-                        help='random restarts (needs --attack-random-start); the strongest kept')
+                        help='random restarts (needs the random start); the strongest kept, '
+                             'per image')
     parser.add_argument('--work-dir', help='logs and the default results file go here')
     add_launch_args(parser)
     return parse_launch_args(parser)
@@ -128,7 +131,9 @@ def main() -> None:
         raise UsageError(f'--metric-queue must be 0 (serial) or more, got {args.metric_queue}')
     shard = parse_shard(args.shard) if args.shard else None
     attacks = attack_plan(args.attacks or (), args.epsilons, args.attack_steps,
-                          args.attack_step_size, args.attack_random_start, args.attack_restarts,
+                          args.attack_step_size,
+                          None if args.attack_random_start is None
+                          else args.attack_random_start == 'on', args.attack_restarts,
                           0 if args.seed is None else args.seed)
     if args.epsilons and not attacks:
         raise UsageError('--epsilons needs --attacks (e.g. --attacks pgd_linf)')

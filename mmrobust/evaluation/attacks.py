@@ -16,6 +16,7 @@ two-stage detectors inside the loss) are drawn from the attack's seed and each i
 an image gets the same attack in any batch, on any rank and after a resume.
 """
 import copy
+import logging
 import math
 import zlib
 from contextlib import contextmanager
@@ -26,9 +27,10 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Uni
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 
-from ..engine.hooks.dat import preserved_buffers
+from ..models import adversarial
 from ..models.data_preprocessors import PixelSpace, valid_mask
 from ..utils.errors import UsageError
 
@@ -40,7 +42,11 @@ __all__ = ['ATTACKS', 'NORMS', 'Attack', 'AttackError', 'AttackResult', 'annotat
 ATTACKS = ('fgsm', 'pgd', 'segpgd', 'cospgd')
 #: the attacks defined on per-pixel class scores: segmentors only
 SEGMENTATION_ONLY = ('segpgd', 'cospgd')
-NORMS = ('linf', 'l2')
+NORMS = adversarial.NORMS
+#: whether each family starts from a random point of the ε-ball by default, as its paper does:
+#: FGSM steps from the image (Goodfellow et al. 2015); PGD (Madry et al. 2018), SegPGD (Gu et
+#: al. 2022) and CosPGD (Agnihotri et al. 2024) start from a uniform point of the ball
+RANDOM_START = {'fgsm': False, 'pgd': True, 'segpgd': True, 'cospgd': True}
 
 
 class AttackError(UsageError):
@@ -76,9 +82,10 @@ class Attack:
         steps: iterations (FGSM: 1).
         step_size: the step; default ``eps`` for FGSM, else ``2.5 * eps / steps`` (Madry et
             al.: the budget's boundary reachable from anywhere inside it).
-        random_start: start from a uniform point of the ε-ball (PGD's usual start).
-        restarts: runs from new random starts; the one with the highest final loss is kept
-            (per batch: mmdet's losses are batch means).
+        random_start: start from a uniform point of the ε-ball; None: the family's default
+            (:data:`RANDOM_START`, the papers').
+        restarts: runs from new random starts; the one with the highest final loss is kept,
+            per image.
         seed: seeds the random starts and the detectors' proposal samplers.
     """
 
@@ -87,7 +94,7 @@ class Attack:
     eps: float
     steps: int = 10
     step_size: Optional[float] = None
-    random_start: bool = False
+    random_start: Optional[bool] = None
     restarts: int = 1
     seed: int = 0
 
@@ -96,6 +103,8 @@ class Attack:
             raise AttackError(f'unknown attack {self.label!r}; choose from '
                               f'{", ".join(attack_names())}')
         parse_epsilon(self.eps)
+        if self.random_start is None:
+            object.__setattr__(self, 'random_start', RANDOM_START[self.name])
         if self.name == 'fgsm' and self.steps != 1:
             object.__setattr__(self, 'steps', 1)
         if self.steps < 1 or self.restarts < 1:
@@ -143,6 +152,8 @@ class AttackResult:
     data: dict
     step_losses: List[float] = field(default_factory=list)
     final_loss: Optional[float] = None
+    #: steps (over images and restarts) whose input gradient was not finite: no move
+    nonfinite_steps: int = 0
 
 
 # -- losses ----------------------------------------------------------------------------------------
@@ -188,21 +199,41 @@ def _gt_at_input_scale(samples: Sequence) -> List:
     return out
 
 
+def _scored_logits(model: nn.Module, inputs: torch.Tensor, samples: Sequence
+                   ) -> List[torch.Tensor]:
+    """Each image's (1, C, H, W) class scores as the config's predictor scores them: mmseg's
+    ``model.inference`` (slide windows or the whole image, as ``test_cfg`` says), the padding
+    cropped, a test-time flip undone and resized to the label's size, as
+    ``postprocess_result`` does before the metric takes the argmax."""
+    if not callable(getattr(model, 'inference', None)):
+        raise AttackError(f'{type(model).__name__} has no inference(inputs, img_metas): the '
+                          'attacks differentiate the predictor that is scored, an mmseg '
+                          'EncoderDecoder\'s (whole or slide test_cfg)')
+    # NOTE: slide inference writes each window's shape into the first meta: give it copies
+    logits = model.inference(inputs, [dict(s.metainfo) for s in samples])
+    align = getattr(model, 'align_corners', model.decode_head.align_corners)
+    height, width = logits.shape[-2:]
+    out = []
+    for i, sample in enumerate(samples):
+        meta = sample.metainfo
+        left, right, top, bottom = meta.get('img_padding_size',
+                                            meta.get('padding_size', (0, 0, 0, 0)))
+        part = logits[i:i + 1, :, top:height - bottom, left:width - right]
+        if meta.get('flip'):
+            part = part.flip(dims=(3,) if meta.get('flip_direction') == 'horizontal' else (2,))
+        out.append(F.interpolate(part, size=tuple(sample.gt_sem_seg.data.shape[-2:]),
+                                 mode='bilinear', align_corners=align))
+    return out
+
+
 def _per_pixel_ce(model: nn.Module, inputs: torch.Tensor, samples: Sequence
                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(per-pixel cross-entropy, logits, labels) at the labels' resolution; ignored pixels
-    have label -1 and loss 0. Logits are cropped to each image's area before resizing."""
-    head = model.decode_head
-    logits = model(inputs, samples, mode='tensor')
-    logits = F.interpolate(logits, size=inputs.shape[-2:], mode='bilinear',
-                           align_corners=head.align_corners)
-    ignore = getattr(head, 'ignore_index', 255)
+    """(per-pixel cross-entropy, logits, labels) of the scored predictor at the labels'
+    resolution (one image: the attacks run per image); ignored pixels have label -1, loss 0."""
+    ignore = getattr(model.decode_head, 'ignore_index', 255)
     losses, kept_logits, labels = [], [], []
-    for i, sample in enumerate(samples):
+    for sample, part in zip(samples, _scored_logits(model, inputs, samples)):
         label = sample.gt_sem_seg.data.to(inputs.device).long()[0]
-        h, w = sample.metainfo.get('img_shape', inputs.shape[-2:])[:2]
-        part = F.interpolate(logits[i:i + 1, :, :h, :w], size=label.shape, mode='bilinear',
-                             align_corners=head.align_corners)
         label = torch.where(label == ignore, torch.full_like(label, -1), label)
         losses.append(F.cross_entropy(part, label[None], ignore_index=-1, reduction='none')[0])
         kept_logits.append(part[0])
@@ -210,17 +241,22 @@ def _per_pixel_ce(model: nn.Module, inputs: torch.Tensor, samples: Sequence
     return torch.stack(losses), torch.stack(kept_logits), torch.stack(labels)
 
 
-def _seg_weighted_loss(name: str, model: nn.Module, inputs: torch.Tensor, samples: Sequence,
-                       step: int, steps: int) -> torch.Tensor:
+def _seg_loss(name: str, model: nn.Module, inputs: torch.Tensor, samples: Sequence,
+              step: Optional[int], steps: int) -> torch.Tensor:
+    """The mean per-pixel cross-entropy of the scored predictor over the labelled pixels:
+    plain (FGSM, PGD, and every attack's final loss: ``step`` None), or weighted per pixel by
+    SegPGD's or CosPGD's rule at iteration ``step`` (from 0) of ``steps``."""
     ce, logits, labels = _per_pixel_ce(model, inputs, samples)
     valid = labels >= 0
     count = valid.sum().clamp_min(1)
+    if step is None or name not in SEGMENTATION_ONLY:
+        return (ce * valid).sum() / count
     with torch.no_grad():
         if name == 'segpgd':  # NOTE: λ grows from 0 to ½ over the iterations (the paper's)
             lam = step / (2 * steps)
             correct = logits.argmax(1) == labels
             weight = torch.where(correct, 1 - lam, lam)
-        else:  # cospgd: cos(softmax, one-hot) = p_y / ‖p‖
+        else:  # cospgd, the ICML 2024 version: cos(softmax, one-hot) = p_y / ‖p‖
             prob = logits.softmax(1)
             p_true = prob.gather(1, labels.clamp_min(0)[:, None])[:, 0]
             weight = p_true / prob.norm(dim=1).clamp_min(1e-12)
@@ -239,13 +275,13 @@ def _task_loss(model: nn.Module, inputs: torch.Tensor, samples: Sequence) -> tor
     return loss
 
 
-def _final_loss(attack: 'Attack', model: nn.Module, inputs: torch.Tensor,
-                samples: Sequence) -> torch.Tensor:
-    """What restarts are compared by: the training loss, or for SegPGD / CosPGD the plain
-    per-pixel cross-entropy."""
-    if attack.name in SEGMENTATION_ONLY:
-        ce, _, labels = _per_pixel_ce(model, inputs, samples)
-        return ce.sum() / (labels >= 0).sum().clamp_min(1)
+def _objective(attack: 'Attack', model: nn.Module, inputs: torch.Tensor, samples: Sequence,
+               step: Optional[int]) -> torch.Tensor:
+    """The loss ``attack`` ascends at iteration ``step`` (None: the final loss, by which
+    restarts are compared): for segmentors the scored predictor's per-pixel cross-entropy
+    (SegPGD / CosPGD weighted), for detectors their training loss."""
+    if _is_segmentor(model):
+        return _seg_loss(attack.name, model, inputs, samples, step, attack.steps)
     return _task_loss(model, inputs, samples)
 
 
@@ -265,9 +301,8 @@ def _image_key(sample, index: int) -> str:
     return str(meta.get('img_path', meta.get('img_id', index)))
 
 
-def _seed(attack: Attack, samples: Sequence, *parts: int) -> int:
-    keys = '|'.join(_image_key(s, i) for i, s in enumerate(samples))
-    return zlib.crc32(f'{attack.seed}|{keys}|{"|".join(map(str, parts))}'.encode())
+def _seed(attack: Attack, key: str, *parts: int) -> int:
+    return zlib.crc32(f'{attack.seed}|{key}|{"|".join(map(str, parts))}'.encode())
 
 
 @contextmanager
@@ -280,41 +315,87 @@ def _seeded(seed: int, device: torch.device) -> Iterator[None]:
         yield
 
 
-def _norms(delta: torch.Tensor) -> torch.Tensor:
-    return delta.flatten(1).norm(dim=1).view(-1, 1, 1, 1)
+@dataclass
+class _Image:
+    """One image of a batch as it would be alone: its input cropped to the shape the data
+    preprocessor gives it alone (mmdet's per-image ``pad_shape``), and its samples (the
+    metric's and the loss's) saying so."""
+    index: int
+    key: str
+    inputs: torch.Tensor
+    sample: object
+    loss_sample: object
+
+    @property
+    def height_width(self) -> Tuple[int, int]:
+        return tuple(self.inputs.shape[-2:])
 
 
-def _project(attack: Attack, delta: torch.Tensor, x0: torch.Tensor,
-             mask: torch.Tensor) -> torch.Tensor:
-    """δ inside the ε-ball, x0 + δ inside [0, 1], zero on the padding."""
-    if attack.norm == 'linf':
-        delta = delta.clamp(-attack.eps, attack.eps)
-    else:
-        delta = delta * (attack.eps / _norms(delta).clamp_min(1e-12)).clamp(max=1.0)
-    return ((x0 + delta).clamp(0, 1) - x0) * mask
+def _images(x: torch.Tensor, samples: Sequence, loss_samples: Sequence) -> List[_Image]:
+    out = []
+    for i, (sample, loss_sample) in enumerate(zip(samples, loss_samples)):
+        shape = sample.metainfo.get('pad_shape') or x.shape[-2:]
+        h, w = min(int(shape[0]), x.shape[-2]), min(int(shape[1]), x.shape[-1])
+        if 'batch_input_shape' in sample.metainfo:
+            # NOTE: the loss reads the batch's shape (anchors' valid flags, RPN): alone, its own
+            sample, loss_sample = sample.clone(), loss_sample.clone()
+            for s in (sample, loss_sample):
+                s.set_metainfo({'batch_input_shape': (h, w)})
+        # NOTE: contiguous: mmcv 2.1's RoIAlign ignores strides
+        out.append(_Image(i, _image_key(sample, i), x[i:i + 1, :, :h, :w].contiguous(), sample,
+                          loss_sample))
+    return out
 
 
-def _random_start(attack: Attack, samples: Sequence, shape: torch.Size, mask: torch.Tensor,
-                  restart: int) -> torch.Tensor:
-    """A uniform point of the ε-ball, drawn per image from (seed, image path, restart)."""
-    parts = []
-    for sample in samples:
-        # NOTE: keyed by the image, not its place in the batch
-        gen = torch.Generator().manual_seed(_seed(attack, [sample], restart))
-        if attack.norm == 'linf':
-            part = (torch.rand(shape[1:], generator=gen) * 2 - 1) * attack.eps
-        else:
-            part = torch.randn(shape[1:], generator=gen)
-            radius = float(torch.rand((), generator=gen)) * attack.eps
-            part = part / part.norm().clamp_min(1e-12) * radius
-        parts.append(part)
-    return torch.stack(parts).to(mask.device) * mask
+def _attack_image(module: nn.Module, image: _Image, attack: Attack, space: PixelSpace
+                  ) -> Tuple[torch.Tensor, List[float], float, int]:
+    """(attacked input, step losses, final loss, steps without a finite gradient) of one
+    image alone, the best of its restarts."""
+    x = image.inputs
+    mask = valid_mask([image.sample], tuple(x.shape), x.device)
+    x0 = space.to_pixels(x).detach()
+
+    def objective(pixels: torch.Tensor, step: Optional[int]) -> torch.Tensor:
+        # NOTE: the padding keeps the preprocessor's values
+        inputs = torch.where(mask, space.from_pixels(pixels).to(x.dtype), x)
+        return _objective(attack, module, inputs, [image.loss_sample], step)
+
+    best: Optional[Tuple[float, torch.Tensor, List[float]]] = None
+    nonfinite = 0
+    for restart in range(attack.restarts):
+        delta = torch.zeros_like(x0)
+        if attack.random_start:
+            # NOTE: keyed by the image, not its place in the batch
+            gen = torch.Generator().manual_seed(_seed(attack, image.key, restart))
+            start = adversarial.random_start(attack.norm, attack.eps, mask[0], gen)
+            delta = adversarial.project(start[None], attack.eps, attack.norm, x0, mask)
+        losses = []
+        for step in range(attack.steps):
+            with _seeded(_seed(attack, image.key, restart, step), x.device):
+                grad, loss = adversarial.input_gradient(
+                    lambda pixels: objective(pixels, step), x0 + delta)
+            losses.append(loss)
+            nonfinite += int(not bool(adversarial.finite_images(grad).all()))
+            move = adversarial.step_direction(grad, attack.norm, mask)
+            delta = adversarial.project(delta + attack.alpha * move, attack.eps, attack.norm, x0,
+                                        mask)
+        with torch.no_grad(), _seeded(_seed(attack, image.key, restart, attack.steps), x.device):
+            final = float(objective(x0 + delta, None))
+        if best is None or final > best[0]:
+            best = (final, delta, losses)
+    assert best is not None
+    final, delta, losses = best
+    return torch.where(mask, space.from_pixels(x0 + delta).to(x.dtype), x), losses, final, \
+        nonfinite
 
 
 def attack_batch(model: nn.Module, data: dict, attack: Attack,
                  space: Optional[PixelSpace] = None, gt_at_file_scale: bool = False,
                  pixel_max: float = 255.) -> AttackResult:
     """The preprocessed batch ``data`` (``inputs``, ``data_samples``) with its images attacked.
+
+    Each image is attacked alone, on the input the data preprocessor gives it alone (its own
+    padded shape), with its own seed: the same attack in any batch, in any order, on any rank.
 
     Args:
         model: the detector or segmentor (a DDP wrapper is unwrapped); eval mode is used and
@@ -336,72 +417,41 @@ def attack_batch(model: nn.Module, data: dict, attack: Attack,
     x, samples = data['inputs'], data.get('data_samples')
     loss_samples = _loss_samples(module, samples, gt_at_file_scale)
     space = space or PixelSpace(module.data_preprocessor, pixel_max=pixel_max).to(x.device)
-    mask = valid_mask(samples, tuple(x.shape), x.device)
-    x0 = space.to_pixels(x).detach()
-
-    def objective(pixels: torch.Tensor, step: Optional[int]) -> torch.Tensor:
-        # NOTE: the padding keeps the preprocessor's values; step None: the final loss
-        inputs = torch.where(mask, space.from_pixels(pixels).to(x.dtype), x)
-        if step is None or attack.name not in SEGMENTATION_ONLY:
-            return _final_loss(attack, module, inputs, loss_samples)
-        return _seg_weighted_loss(attack.name, module, inputs, loss_samples, step, attack.steps)
-
-    def gradient(pixels: torch.Tensor, step: int, restart: int) -> Tuple[torch.Tensor, float]:
-        pixels = pixels.detach().requires_grad_(True)
-        with torch.enable_grad(), _seeded(_seed(attack, samples, restart, step), x.device):
-            loss = objective(pixels, step)
-            grad, = torch.autograd.grad(loss, pixels)
-        return grad * mask, float(loss.detach())
-
-    best: Optional[Tuple[float, torch.Tensor, List[float]]] = None
-    training = module.training
-    module.eval()
-    try:
-        with preserved_buffers(module):
-            for restart in range(attack.restarts):
-                delta = torch.zeros_like(x0)
-                if attack.random_start:
-                    delta = _project(attack, _random_start(attack, samples, x0.shape, mask,
-                                                           restart), x0, mask)
-                losses = []
-                for step in range(attack.steps):
-                    grad, loss = gradient(x0 + delta, step, restart)
-                    losses.append(loss)
-                    if attack.norm == 'linf':
-                        move = grad.sign()
-                    else:
-                        move = grad / _norms(grad).clamp_min(1e-12)
-                    delta = _project(attack, delta + attack.alpha * move, x0, mask)
-                with torch.no_grad(), _seeded(_seed(attack, samples, restart, attack.steps),
-                                              x.device):
-                    final = float(objective(x0 + delta, None))
-                if best is None or final > best[0]:
-                    best = (final, delta, losses)
-    finally:
-        module.train(training)
-    assert best is not None
-    final, delta, losses = best
-    adv = torch.where(mask, space.from_pixels(x0 + delta).to(x.dtype), x)
-    return AttackResult(dict(data, inputs=adv.detach()), losses, final)
+    adv = x.detach().clone()
+    step_losses, finals, nonfinite = [], [], 0
+    with adversarial.eval_mode(module):
+        for image in _images(x, samples, loss_samples):
+            h, w = image.height_width
+            out, losses, final, skipped = _attack_image(module, image, attack, space)
+            adv[image.index, :, :h, :w] = out[0]
+            step_losses.append(losses)
+            finals.append(final)
+            nonfinite += skipped
+    if nonfinite:
+        print_log(f'{attack.label}: {nonfinite} attack step(s) had a non-finite input gradient '
+                  '(fp16 overflow?) and did not move their image', logger='current',
+                  level=logging.WARNING)
+    return AttackResult(dict(data, inputs=adv), [sum(v) / len(v) for v in zip(*step_losses)],
+                        sum(finals) / len(finals), nonfinite)
 
 
 def attack_loss(model: nn.Module, data: dict, attack: Attack, gt_at_file_scale: bool = False
                 ) -> float:
-    """The loss ``attack`` ascends (its final form: the training loss, or plain per-pixel
-    cross-entropy for SegPGD / CosPGD) at ``data``'s images, seeded as the attack seeds it."""
+    """The loss ``attack`` ascends (its final form: the training loss, or the scored
+    predictor's plain per-pixel cross-entropy for segmentors) at ``data``'s images, each alone
+    and seeded as the attack seeds it, averaged over the images (as
+    :attr:`AttackResult.final_loss`)."""
     module = model.module if is_model_wrapper(model) else model
-    samples = data['data_samples']
+    x, samples = data['inputs'], data['data_samples']
     attack.check_model(module)
     loss_samples = _loss_samples(module, samples, gt_at_file_scale)
-    training = module.training
-    module.eval()
-    try:
-        with torch.no_grad(), preserved_buffers(module), \
-                _seeded(_seed(attack, samples, 0, attack.steps), data['inputs'].device):
-            return float(_final_loss(attack, module, data['inputs'], loss_samples))
-    finally:
-        module.train(training)
-
+    losses = []
+    with torch.no_grad(), adversarial.eval_mode(module):
+        for image in _images(x, samples, loss_samples):
+            with _seeded(_seed(attack, image.key, 0, attack.steps), x.device):
+                losses.append(float(_objective(attack, module, image.inputs,
+                                               [image.loss_sample], None)))
+    return sum(losses) / len(losses)
 
 
 # -- attack cells of a robustness evaluation -------------------------------------------------------
@@ -412,11 +462,12 @@ def is_attack_cell(name: str) -> bool:
 
 
 def attack_plan(names: Sequence[str], epsilons: Sequence[Union[str, float]], steps: int = 10,
-                step_size: Optional[float] = None, random_start: bool = False,
+                step_size: Optional[float] = None, random_start: Optional[bool] = None,
                 restarts: int = 1, seed: int = 0) -> Dict[str, Dict]:
     """The attack cells of an evaluation, as recorded in its results identity: ``{attack:
     {'epsilons': [...], 'settings': {...}}}``; cell ``(attack, k)`` is the k-th epsilon (from 1).
-    Every attack is built here once, so a bad name or setting stops before any inference."""
+    Every attack is built here once, so a bad name or setting stops before any inference; the
+    settings recorded are resolved (``random_start`` None becomes each family's default)."""
     if not names:
         return {}
     values = [parse_epsilon(e) for e in epsilons or ()]

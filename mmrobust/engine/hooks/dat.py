@@ -38,6 +38,13 @@ from mmengine.hooks import Hook
 from mmengine.logging import MessageHub, print_log
 from mmengine.model import is_model_wrapper
 
+from ...models.adversarial import (
+    finite_images,
+    input_gradient,
+    l2_norms,
+    preserved_buffers,
+    step_direction,
+)
 from ...models.data_preprocessors import PixelSpace, patch_forward, valid_mask
 from ...models.tokenizers import quantize_images
 from ...registry import HOOKS, MODELS
@@ -46,7 +53,7 @@ from ...utils.errors import InputNotFoundError
 if TYPE_CHECKING:
     from mmengine.runner import Runner
 
-__all__ = ['DATHook', 'preserved_buffers']
+__all__ = ['DATHook']
 
 DATA_BATCH = Optional[Union[dict, tuple, list]]
 
@@ -54,18 +61,6 @@ MODES = ('replace', 'append')
 REQUANTIZE = ('reconstruction', 'input')
 NORMS = ('l2', 'linf')
 BUDGETS = ('image', 'pixel_rms')
-
-
-@contextmanager
-def preserved_buffers(module: nn.Module) -> Iterator[None]:
-    """Restores every buffer (BN running statistics, counters) of ``module`` on exit."""
-    saved = [(buf, buf.detach().clone()) for buf in module.buffers()]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for buf, value in saved:
-                buf.copy_(value)
 
 
 @HOOKS.register_module()
@@ -265,19 +260,14 @@ class DATHook(Hook):
         return quantize_images(self.tokenizer, pixels)
 
     def input_gradient(self, x: torch.Tensor, data_samples: list) -> Tuple[torch.Tensor, float]:
-        """(∇ₓ L(x, y) of the model's total training loss, L) without side effects."""
+        """(∇ₓ L(x, y) of the model's total training loss, L) without side effects (see
+        :func:`mmrobust.models.adversarial.input_gradient`: fp16 loss scaling included)."""
         model = self._model
-        x = x.detach().requires_grad_(True)
+
+        def loss(inputs: torch.Tensor) -> torch.Tensor:
+            return model.parse_losses(model(inputs, data_samples, mode='loss'))[0]
         with preserved_buffers(model):
-            losses = model(x, data_samples, mode='loss')
-            loss, _ = model.parse_losses(losses)
-            # NOTE: fp16 autocast can underflow the input gradient; the step is normalised per
-            # sample, so a constant scale changes nothing else
-            fp16 = x.is_cuda and torch.is_autocast_enabled('cuda') and \
-                torch.get_autocast_dtype('cuda') == torch.float16
-            scale = 2. ** 12 if fp16 else 1.
-            grad, = torch.autograd.grad(loss * scale, x)
-        return grad / scale, float(loss.detach())
+            return input_gradient(loss, x)
 
     def budget_scale(self, mask: torch.Tensor) -> torch.Tensor:
         """Per image, what turns ``alpha`` / ``eps`` into an L2 norm over the image: 1, or for
@@ -294,17 +284,16 @@ class DATHook(Hook):
         from x̂, included in δ and in its cap)."""
         # NOTE: a non-finite gradient (fp16 overflow) has no direction: that image is not
         # attacked (δ = 0), and counted, rather than stepped to a saturated pixel
-        finite = torch.isfinite(grad).flatten(1).all(dim=1).view(-1, 1, 1, 1)
+        finite = finite_images(grad)
         self._batch_nonfinite = int((~finite).sum())
         self.skipped_nonfinite += self._batch_nonfinite
-        grad = torch.where(finite, grad, torch.zeros_like(grad)) * mask
         if self.norm == 'linf':
-            return self.alpha * grad.sign()
+            return self.alpha * step_direction(grad, 'linf', mask)
         scale = self.budget_scale(mask)
-        step = grad / grad.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, 1, 1, 1)
-        delta = self.alpha * scale * step if start is None else start + self.alpha * scale * step
-        norm = delta.flatten(1).norm(dim=1).view(-1, 1, 1, 1)
-        delta = delta * (self.eps * scale / norm.clamp_min(1e-12)).clamp(max=1.)
+        delta = self.alpha * scale * step_direction(grad, 'l2', mask)
+        if start is not None:
+            delta = start + delta
+        delta = delta * (self.eps * scale / l2_norms(delta).clamp_min(1e-12)).clamp(max=1.)
         return torch.where(finite, delta, torch.zeros_like(delta))
 
     def random_start_noise(self, shape: torch.Size, mask: torch.Tensor, it: int) -> torch.Tensor:
