@@ -265,6 +265,76 @@ def test_segmentor_attacks_differentiate_the_slide_predictor_that_is_scored(toy_
     assert cosine(whole) < 0.95  # the whole-image surrogate's is another direction
 
 
+def _fit_on_windows(model, data, iterations: int) -> None:
+    """Overfit ``model`` on 256-pixel crops of the batch's images, as Cityscapes models train on
+    the crops their slide windows then see (in place; eval mode after)."""
+    from mmengine.structures import PixelData
+    gen = torch.Generator().manual_seed(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model.train()
+    for _ in range(iterations):
+        left = int(torch.randint(0, data['inputs'].shape[-1] - 256 + 1, (1,), generator=gen))
+        crops = []
+        for sample in data['data_samples']:
+            crop = sample.clone()
+            crop.set_metainfo({'img_shape': (256, 256), 'pad_shape': (256, 256)})
+            crop.gt_sem_seg = PixelData(data=sample.gt_sem_seg.data[..., left:left + 256])
+            crops.append(crop)
+        inputs = data['inputs'][..., left:left + 256].contiguous()
+        loss, _ = model.parse_losses(model(inputs, crops, mode='loss'))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+
+
+def _miou(model, inputs: torch.Tensor, samples) -> float:
+    """mmseg's mIoU of the scored predictor (model.predict) over the batch, in [0, 1]."""
+    with torch.no_grad():
+        out = model.predict(inputs, copy.deepcopy(samples))
+    classes = model.decode_head.num_classes
+    inter, union = torch.zeros(classes), torch.zeros(classes)
+    for sample in out:
+        pred, label = sample.pred_sem_seg.data[0], sample.gt_sem_seg.data[0]
+        valid = label != 255
+        for c in range(classes):
+            inter[c] += ((pred == c) & (label == c) & valid).sum()
+            union[c] += (((pred == c) | (label == c)) & valid).sum()
+    seen = union > 0
+    return float((inter[seen] / union[seen]).mean())
+
+
+@pytest.mark.slow
+def test_pgd_on_the_slide_predictor_beats_the_whole_image_surrogate(toy_data):
+    """On the toy SegFormer trained on 256 crops and scored through 256 windows, PGD-10 at
+    8/255 through the slide predictor lowers the slide-scored mIoU at least as much as the
+    same PGD through the whole-image training loss (the attack before), and raises the scored
+    loss more."""
+    from mmrobust.evaluation.attacks import _task_loss
+    from mmrobust.models import adversarial
+    model, data = _setup(SEG, pipeline_options=SLIDE)
+    _fit_on_windows(model, data, 60)
+    samples = data['data_samples']
+    attack = Attack.from_name('pgd_linf', EPS, steps=10, random_start=False)
+    direct = attack_batch(model, data, attack).data
+    space = PixelSpace(model.data_preprocessor)
+    x0 = space.to_pixels(data['inputs'])
+    mask = valid_mask(samples, tuple(x0.shape), x0.device)
+    delta = torch.zeros_like(x0)
+    with adversarial.eval_mode(model):
+        for _ in range(attack.steps):
+            grad, _ = adversarial.input_gradient(
+                lambda p: _task_loss(model, space.from_pixels(p), samples), x0 + delta)
+            move = adversarial.step_direction(grad, 'linf', mask)
+            delta = adversarial.project(delta + attack.alpha * move, EPS, 'linf', x0, mask)
+    surrogate = dict(data, inputs=space.from_pixels(x0 + delta))
+    clean = _miou(model, data['inputs'], samples)
+    scores = {name: _miou(model, d['inputs'], samples)
+              for name, d in (('direct', direct), ('surrogate', surrogate))}
+    assert scores['direct'] <= scores['surrogate'] < clean, (clean, scores)
+    assert attack_loss(model, direct, attack) > attack_loss(model, surrogate, attack)
+
+
 def test_test_data_without_ground_truth_says_which_step_to_add(toy_data):
     model, data = _setup(SEG, batch_size=1)
     for sample in data['data_samples']:

@@ -114,8 +114,10 @@ class Attack:
                                            or self.step_size <= 0):
             raise AttackError(f'{self.label}: step_size must be > 0, got {self.step_size}')
         if self.restarts > 1 and not self.random_start:
+            default = 'on' if RANDOM_START[self.name] else 'off'
             raise AttackError(f'{self.label}: restarts without random_start repeat the same '
-                              'attack; add random_start')
+                              'attack; add random_start (--attack-random-start on; '
+                              f'{self.name}\'s default is {default})')
 
     @classmethod
     def from_name(cls, name: str, eps: Union[str, float], **kwargs) -> 'Attack':
@@ -199,6 +201,56 @@ def _gt_at_input_scale(samples: Sequence) -> List:
     return out
 
 
+def _slide_windows(test_cfg: Mapping, height: int, width: int) -> List[Tuple[int, int, int, int]]:
+    """mmseg's slide windows ``(y1, y2, x1, x2)``: every ``stride``, the last flush with the
+    edge, no window larger than the image (``EncoderDecoder.slide_inference``)."""
+    (h_stride, w_stride), (h_crop, w_crop) = test_cfg['stride'], test_cfg['crop_size']
+    rows = max(height - h_crop + h_stride - 1, 0) // h_stride + 1
+    cols = max(width - w_crop + w_stride - 1, 0) // w_stride + 1
+    windows = []
+    for r in range(rows):
+        for c in range(cols):
+            y2, x2 = min(r * h_stride + h_crop, height), min(c * w_stride + w_crop, width)
+            windows.append((max(y2 - h_crop, 0), y2, max(x2 - w_crop, 0), x2))
+    return windows
+
+
+class _SlideLogits(torch.autograd.Function):
+    """mmseg's slide inference whose backward pass holds one window at a time.
+
+    Autograd through ``slide_inference`` keeps every window's activations until the backward
+    pass: more memory than the whole image (the windows overlap). Here the forward pass runs
+    without a graph, and the backward pass runs each window again and sends back its share of
+    the output gradient (divided by the overlap count, as the average does): the same
+    gradient, at the peak memory of one window, for one more forward pass per window."""
+
+    @staticmethod
+    def forward(ctx, inputs: torch.Tensor, model: nn.Module, metas: List[dict]) -> torch.Tensor:
+        ctx.model, ctx.metas = model, metas
+        ctx.save_for_backward(inputs)
+        with torch.no_grad():
+            return model.slide_inference(inputs, [dict(m) for m in metas])
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        inputs, = ctx.saved_tensors
+        model = ctx.model
+        windows = _slide_windows(model.test_cfg, *inputs.shape[-2:])
+        count = inputs.new_zeros((1, 1, *inputs.shape[-2:]))
+        for y1, y2, x1, x2 in windows:
+            count[..., y1:y2, x1:x2] += 1
+        grad_in = torch.zeros_like(inputs)
+        for y1, y2, x1, x2 in windows:
+            crop = inputs[:, :, y1:y2, x1:x2].detach().requires_grad_(True)
+            metas = [dict(m, img_shape=crop.shape[2:]) for m in ctx.metas]
+            with torch.enable_grad():
+                scores = model.encode_decode(crop, metas)
+                share = grad_out[:, :, y1:y2, x1:x2] / count[..., y1:y2, x1:x2]
+                grad, = torch.autograd.grad(scores, crop, share.to(scores.dtype))
+            grad_in[:, :, y1:y2, x1:x2] += grad
+        return grad_in, None, None
+
+
 def _scored_logits(model: nn.Module, inputs: torch.Tensor, samples: Sequence
                    ) -> List[torch.Tensor]:
     """Each image's (1, C, H, W) class scores as the config's predictor scores them: mmseg's
@@ -210,7 +262,11 @@ def _scored_logits(model: nn.Module, inputs: torch.Tensor, samples: Sequence
                           'attacks differentiate the predictor that is scored, an mmseg '
                           'EncoderDecoder\'s (whole or slide test_cfg)')
     # NOTE: slide inference writes each window's shape into the first meta: give it copies
-    logits = model.inference(inputs, [dict(s.metainfo) for s in samples])
+    metas = [dict(s.metainfo) for s in samples]
+    if (getattr(model, 'test_cfg', None) or {}).get('mode', 'whole') == 'slide':
+        logits = _SlideLogits.apply(inputs, model, metas)
+    else:
+        logits = model.inference(inputs, metas)
     align = getattr(model, 'align_corners', model.decode_head.align_corners)
     height, width = logits.shape[-2:]
     out = []

@@ -250,6 +250,21 @@ def adversarial_curves(results: Mapping) -> Dict[str, Dict[str, List[Tuple[float
     return curves
 
 
+def attack_setting(results: Mapping, attack: str) -> str:
+    """How hard ``attack`` tried, to print next to its figures: ``10 steps, random start``
+    (and the restarts when more than one); an attack's strength is only comparable with it."""
+    settings = (results.get('attacks') or {}).get(attack, {}).get('settings', {})
+    steps = settings.get('steps')
+    if steps is None:
+        return ''
+    parts = [f'{steps} step{"s" if steps != 1 else ""}']
+    if settings.get('random_start'):
+        parts.append('random start')
+    if settings.get('restarts', 1) > 1:
+        parts.append(f'{settings["restarts"]} restarts')
+    return ', '.join(parts)
+
+
 def _adversarial_markdown(results_by_label: Mapping[str, Mapping], metrics: Sequence[str]
                           ) -> List[str]:
     lines: List[str] = []
@@ -260,8 +275,10 @@ def _adversarial_markdown(results_by_label: Mapping[str, Mapping], metrics: Sequ
         if not rows:
             continue
         lines += ['', f'{name} under attack (epsilon in [0, 1] RGB pixel units; 0: clean):', '',
-                  '| model | attack | epsilon | epsilon x 255 | value |', '|---|---|---|---|---|']
-        lines += [f'| {label} | {attack} | {eps:.5g} | {eps * 255:.3g} | {_fmt(value)} |'
+                  '| model | attack | epsilon | epsilon x 255 | value | setting |',
+                  '|---|---|---|---|---|---|']
+        lines += [f'| {label} | {attack} | {eps:.5g} | {eps * 255:.3g} | {_fmt(value)} | '
+                  f'{attack_setting(results_by_label[label], attack)} |'
                   for label, attack, eps, value in rows]
     return lines
 
@@ -389,12 +406,13 @@ def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str,
     if any(curves.values()):
         with open(osp.join(out_dir, 'attacks.csv'), 'w', newline='') as f:
             writer = csv.writer(f)
-            writer.writerow(['model', 'attack', 'epsilon', 'metric', 'value'])
+            writer.writerow(['model', 'attack', 'epsilon', 'metric', 'value', 'setting'])
             for label, by_metric in curves.items():
                 for metric, by_attack in by_metric.items():
                     for attack, points in by_attack.items():
+                        setting = attack_setting(results_by_label[label], attack)
                         for eps, value in points:
-                            writer.writerow([label, attack, eps, metric, value])
+                            writer.writerow([label, attack, eps, metric, value, setting])
     return cells_path, summary_path
 
 
@@ -464,7 +482,8 @@ def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
                 for j, (attack, points) in enumerate(by_attack.items()):
                     ax.plot([e * 255 for e, _ in points], [v for _, v in points], marker='o',
                             color=f'C{i}', linestyle=('-', '--', ':', '-.')[j % 4],
-                            label=f'{label} {attack}')
+                            label=f'{label} {attack} '
+                                  f'({attack_setting(results_by_label[label], attack)})')
             ax.set_xlabel('epsilon x 255 (0 = clean)')
             written.append(_finish(fig, ax, name, f'{name} under attack',
                                    osp.join(out_dir, f'adversarial_{safe}.png')))
