@@ -526,6 +526,12 @@ def test_attack_cells_beside_corruptions_report_and_two_processes(toy_data, tmp_
         assert cells[attack]['1'] == cells['clean']['0']  # epsilon 0: the clean images
         assert cells[attack]['1']['mIoU'] > cells[attack]['2']['mIoU'], cells[attack]
     assert 'mIoU under attack' in proc.stdout and '| pgd_linf | 0.031373 | 8 |' in proc.stdout
+    # the per-image worst case over the two attacks: at epsilon 0 the clean images' numbers
+    assert cells['worst']['1'] == cells['clean']['0']
+    assert cells['worst']['2']['mIoU'] <= max(cells[a]['2']['mIoU']
+                                              for a in ('pgd_linf', 'segpgd_linf'))
+    assert sum(data['worst_case']['2'].values()) == 3  # images
+    assert '| worst | 0.031373 | 8 |' in proc.stdout
     report = tmp_path / 'r_report'
     assert (report / 'adversarial_mIoU.png').is_file() and (report / 'attacks.csv').is_file()
     summary = robustness_summary(cells)  # the attack cells are not corruptions

@@ -33,6 +33,7 @@ from mmengine.model import is_model_wrapper
 from ..models import adversarial
 from ..models.data_preprocessors import PixelSpace, valid_mask
 from ..utils.errors import UsageError
+from .worst_case import WORST
 
 __all__ = ['ATTACKS', 'NORMS', 'Attack', 'AttackError', 'AttackResult', 'annotations_after_resize',
            'attack_batch', 'attack_cells', 'attack_loss', 'attack_names', 'attack_of_cell',
@@ -513,8 +514,9 @@ def attack_loss(model: nn.Module, data: dict, attack: Attack, gt_at_file_scale: 
 # -- attack cells of a robustness evaluation -------------------------------------------------------
 
 def is_attack_cell(name: str) -> bool:
-    """Whether a results cell is an attack's (``pgd_linf``, ...), not a corruption's."""
-    return name in attack_names()
+    """Whether a results cell is an attack's (``pgd_linf``, ..., and the per-image worst case
+    over them, :data:`~.worst_case.WORST`), not a corruption's."""
+    return name in attack_names() or name == WORST
 
 
 def attack_plan(names: Sequence[str], epsilons: Sequence[Union[str, float]], steps: int = 10,

@@ -28,7 +28,7 @@ from ..utils.io import atomic_write
 
 __all__ = ['PER_IMAGE_KEY', 'STATS_FORMAT', 'CocoAP', 'IoUStats', 'StatsTarget', 'coco_block',
            'iou_block', 'load_cell_stats', 'save_cell_stats', 'scorer', 'stats_dir',
-           'stats_path', 'write_cell_stats']
+           'stats_folders', 'stats_path', 'write_cell_stats']
 
 #: Key of a metric's ``compute_metrics`` output that carries its per-image blocks (popped
 #: before the numbers are recorded).
@@ -48,6 +48,20 @@ def stats_dir(results_path: str) -> str:
 
 def stats_path(folder: str, corruption: str, severity: int) -> str:
     return osp.join(folder, f'{corruption}_{severity}.npz')
+
+
+def stats_folders(results_path: str, results: Mapping) -> List[str]:
+    """Where a results file's per-image statistics are: its own folder, then those of the
+    shards it was merged from (by their recorded path, or beside the merged file)."""
+    folders = [stats_dir(results_path)]
+    base = osp.dirname(osp.abspath(results_path))
+    for shard in results.get('merged_from') or []:
+        path = shard.get('path') or ''
+        for candidate in (path, osp.join(base, osp.basename(path))):
+            folder = stats_dir(candidate)
+            if folder not in folders and osp.isdir(folder):
+                folders.append(folder)
+    return folders
 
 
 # -- what the metrics keep -------------------------------------------------------------------------

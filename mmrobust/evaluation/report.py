@@ -9,6 +9,7 @@ from ..corruptions import BENCHMARK_CORRUPTIONS, CATEGORIES, CORRUPTIONS, Protoc
 from ..utils.io import save_figure
 from .metrics import robustness_summary
 from .results import load_results
+from .worst_case import WORST
 
 __all__ = ['Extras', 'build_extras', 'load_results', 'summarize', 'summary_markdown',
            'write_csv', 'plot']
@@ -238,7 +239,10 @@ def adversarial_curves(results: Mapping) -> Dict[str, Dict[str, List[Tuple[float
     curves: Dict[str, Dict[str, List[Tuple[float, float]]]] = {}
     clean = results['cells'].get('clean', {})
     clean = clean.get(0, clean.get('0', {}))
-    for attack, entry in (results.get('attacks') or {}).items():
+    attacks = dict(results.get('attacks') or {})
+    if attacks and WORST in results['cells']:  # NOTE: the worst case has the attacks' budgets
+        attacks[WORST] = next(iter(attacks.values()))
+    for attack, entry in attacks.items():
         by_index = results['cells'].get(attack, {})
         for k, eps in enumerate(entry['epsilons'], start=1):
             scores = by_index.get(k, by_index.get(str(k)))
@@ -253,6 +257,8 @@ def adversarial_curves(results: Mapping) -> Dict[str, Dict[str, List[Tuple[float
 def attack_setting(results: Mapping, attack: str) -> str:
     """How hard ``attack`` tried, to print next to its figures: ``10 steps, random start``
     (and the restarts when more than one); an attack's strength is only comparable with it."""
+    if attack == WORST:
+        return f'per image, worst of {", ".join(results.get("attacks") or {})}'
     settings = (results.get('attacks') or {}).get(attack, {}).get('settings', {})
     steps = settings.get('steps')
     if steps is None:

@@ -80,6 +80,7 @@ from .results import (
     shard_cells,
 )
 from .seg_metric import use_fast_iou
+from .worst_case import WORST, add_worst_case
 
 #: Cells whose metrics may be in flight beside the next cell's inference (``--metric-queue``).
 DEFAULT_METRIC_QUEUE = 2
@@ -630,6 +631,7 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     barrier()
     if rank == 0:
         assert results is not None
+        _add_worst_case(results)
         results.data['loader'] = loader_kind
         if all(results.done(c, s) for c, s in planned_cells(results.identity)):
             results.data.pop('partial', None)  # NOTE: a partial merge, completed by this run
@@ -640,6 +642,22 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
             f'{k[:-2]} {v} s ({summary["shares"][k]:.0%})' for k, v in summary.items()
             if k in summary['shares']) + f'; wall {summary["wall_s"]} s', logger='current')
     return results.data if results is not None else {}
+
+
+def _add_worst_case(results: RobustnessResults) -> None:
+    """Rank 0, every cell recorded: the per-image worst case over the attacks
+    (:mod:`.worst_case`), logged with the budgets that cannot have one and why."""
+    attacks = list(results.data.get('attacks') or {})
+    if len(attacks) < 2:
+        return
+    before = set(results.data['cells'].get(WORST, {}))
+    skipped = add_worst_case(results.path, results.data)
+    added = sorted(set(results.data['cells'].get(WORST, {})) - before, key=int)
+    if added:
+        print_log(f'worst case over {", ".join(attacks)} per image: cell(s) {WORST} '
+                  f'{", ".join(added)} recorded', logger='current')
+    for k, why in skipped.items():
+        print_log(f'no worst-case cell at budget {k}: {why}', logger='current', level=30)
 
 
 def _image_roots(cfg: Config, corrupted_root: Optional[str], cell: Tuple[str, int]

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..utils.errors import MMRobustError
 from .metrics import CLEAN, mean_over_corruptions
-from .per_image import load_cell_stats, scorer, stats_dir, stats_path
+from .per_image import load_cell_stats, scorer, stats_folders, stats_path
 from .results import evaluation_sha256
 
 __all__ = ['Bootstrap', 'CellStats', 'PairingError', 'bootstrap_weights', 'cell_stats',
@@ -89,24 +89,12 @@ class CellStats:
         return out
 
 
-def _stats_folders(results_path: str, results: Mapping) -> List[str]:
-    folders = [stats_dir(results_path)]
-    base = osp.dirname(osp.abspath(results_path))
-    for shard in results.get('merged_from') or []:
-        path = shard.get('path') or ''
-        for candidate in (path, osp.join(base, osp.basename(path))):
-            folder = stats_dir(candidate)
-            if folder not in folders and osp.isdir(folder):
-                folders.append(folder)
-    return folders
-
-
 def cell_stats(results_path: str, results: Mapping) -> CellStats:
     """The per-image statistics of every recorded cell of a results file (side files of its
     run, or of the shards it was merged from); cells without them are listed in ``missing``
     and ``notes`` says why."""
     fingerprint = evaluation_sha256(results)
-    folders = _stats_folders(results_path, results)
+    folders = stats_folders(results_path, results)
     stats = CellStats(images=[])
     foreign = []
     found: Dict[Cell, List[Any]] = {}
