@@ -73,6 +73,12 @@ def test_epsilon_and_attack_names_are_checked():
     assert [Attack.from_name(f'{a}_linf', 0.1).random_start for a in ATTACKS] == \
         [False, True, True, True]
     assert Attack.from_name('segpgd_l2', 0.1, random_start=False).random_start is False
+    # the results identity records the start each attack took, not "the default"
+    from mmrobust.evaluation.attacks import attack_plan
+    plan = attack_plan(['pgd_linf', 'fgsm_linf'], ['1/255'])
+    assert [plan[a]['settings']['random_start'] for a in plan] == [True, False]
+    plan = attack_plan(['pgd_linf', 'fgsm_linf'], ['1/255'], random_start=False)
+    assert [plan[a]['settings']['random_start'] for a in plan] == [False, False]
     assert Attack.from_name('fgsm_linf', 0.1, steps=10).steps == 1
     assert Attack.from_name('pgd_linf', 0.1, steps=10).alpha == pytest.approx(0.025)
     assert len(attack_names()) == 8

@@ -1,19 +1,26 @@
 """White-box adversarial attacks on detectors and segmentors, in the model's own pixel space.
 
-FGSM and PGD (L-inf and L2; random start, restarts) ascend the model's own training loss on the
-test set's ground truth (every mmdet detector and mmseg segmentor loss). For segmentors, SegPGD
-(Gu et al., ECCV 2022: per-pixel cross-entropy, the correctly and the wrongly classified pixels
-reweighted over the iterations) and CosPGD (Agnihotri et al., ICML 2024: per-pixel
-cross-entropy weighted by the cosine similarity of the softmax prediction and the one-hot
-target) attack the per-pixel losses instead.
+FGSM and PGD (L-inf and L2; random start, restarts) ascend, for detectors, the model's own
+training loss on the test set's ground truth (every mmdet detector's loss) and, for segmentors,
+the per-pixel cross-entropy of the predictor the config scores. SegPGD (Gu et al., ECCV 2022:
+the correctly and the wrongly classified pixels reweighted over the iterations) and CosPGD
+(Agnihotri et al., ICML 2024, the softmax version: each pixel weighted by the cosine of the
+softmax prediction and the one-hot target) reweight that cross-entropy; they are for segmentors.
+
+The scored predictor: mmseg's ``inference`` with the config's ``test_cfg`` (slide windows or
+the whole image), the padding cropped, a test-time flip undone and resized to the label, as
+``postprocess_result`` does before the metric. Slide inference is differentiated window by
+window (:class:`_SlideLogits`): the peak memory of one window, not of all of them.
 
 Perturbations live in RGB [0, 1] pixels (:class:`~mmrobust.models.data_preprocessors.PixelSpace`,
 the preprocessor's own mean, std and channel order) on each image's own area: the padding keeps
-its values, and the L2 budget is the norm over that area. The model is not changed: it runs in
-eval mode, the gradient is taken w.r.t. the input only (no parameter's ``.grad`` is touched) and
-every buffer is restored. The random parts (the random start, and the proposal samplers of
-two-stage detectors inside the loss) are drawn from the attack's seed and each image's path, so
-an image gets the same attack in any batch, on any rank and after a resume.
+its values, and the L2 budget is the norm over that area. The step, projection, random start
+and the model's protection (eval mode, input gradient only, buffers restored, fp16 scaling, no
+step on a non-finite gradient) are DAT's (:mod:`mmrobust.models.adversarial`). Each image is
+attacked alone, on the input the data preprocessor gives it alone, and its random parts (the
+random start, and the proposal samplers of two-stage detectors inside the loss) are drawn from
+the attack's seed and the image's path: an image gets the same attack in any batch, in any
+order, on any rank and after a resume.
 """
 import copy
 import logging
@@ -150,8 +157,9 @@ class Attack:
 
 @dataclass
 class AttackResult:
-    """The attacked batch and what the attack saw: the loss it ascended at each step and the
-    final loss (plain cross-entropy for SegPGD / CosPGD) of the kept restart."""
+    """The attacked batch and what the attack saw, averaged over its images: the loss it
+    ascended at each step and the final loss (for segmentors the plain cross-entropy) of each
+    image's kept restart."""
     data: dict
     step_losses: List[float] = field(default_factory=list)
     final_loss: Optional[float] = None
