@@ -51,7 +51,7 @@ def test_a_non_finite_gradient_gives_no_step_to_its_image_alone():
     grad[2, 1, 2, 3] = float('nan')
     mask = torch.ones(3, 1, 4, 4, dtype=torch.bool)
     assert adversarial.finite_images(grad).flatten().tolist() == [True, False, False]
-    for norm in adversarial.NORMS:
+    for norm in ('linf', 'l2'):
         move = adversarial.step_direction(grad, norm, mask)
         assert torch.all(move[1:] == 0) and torch.isfinite(move).all()
         assert torch.equal(move[0], grad[0].sign()) if norm == 'linf' else \

@@ -100,7 +100,7 @@ def test_a_stored_cell_reads_the_stored_image_with_an_absolute_data_prefix(toy_d
 def test_an_image_outside_data_root_is_refused_before_inference(toy_data, tmp_path, path):
     from mmengine.registry import init_default_scope
 
-    from mmrobust.evaluation import robustness
+    from mmrobust.evaluation.cells import check_stored_leaves
     from mmrobust.evaluation.one_pass import one_pass_loader
     init_default_scope('mmdet')
     root = _stored_copy(toy_data['toy_coco'], tmp_path / 'c')
@@ -112,19 +112,19 @@ def test_an_image_outside_data_root_is_refused_before_inference(toy_data, tmp_pa
         if path == 'one-pass':  # NOTE: raised while building, before any batch (no runner use)
             one_pass_loader(types.SimpleNamespace(), cfg, cells, 0, False, str(root))
         else:
-            robustness._check_stored_leaves(cfg, str(root), cells)
+            check_stored_leaves(cfg, str(root), cells)
 
 
 def test_a_cell_missing_from_the_set_is_refused_before_inference(toy_data, tmp_path):
     from mmengine.registry import init_default_scope
 
-    from mmrobust.evaluation import robustness
+    from mmrobust.evaluation.cells import check_stored_leaves
     init_default_scope('mmdet')
     root = _stored_copy(toy_data['toy_coco'], tmp_path / 'c')
     (root / 'fog' / '4').mkdir()  # the folder, without its images
     cfg = _det_cfg(toy_data['toy_coco'], 'val2017/')
     with pytest.raises(FileNotFoundError, match='lacks images of cell fog 4'):
-        robustness._check_stored_leaves(cfg, str(root), [('clean', 0), ('fog', 3), ('fog', 4)])
+        check_stored_leaves(cfg, str(root), [('clean', 0), ('fog', 3), ('fog', 4)])
 
 
 def test_the_tool_refuses_a_half_written_set(toy_data, tmp_path):

@@ -1,18 +1,12 @@
 """Robustness evaluation (corruption cells, results files), its metrics and its reports."""
 from ..utils.io import ResultsMismatchError
 from .background import MetricWorkerError
+from .cells import CLEAN, PipelineError, cell_dataloader, find_loading_step
 from .coco_metric import COCO_BACKENDS, RobustCocoMetric, coco_backend
 from .dump import DumpRobustPredictions
-from .metrics import CLEAN, robustness_summary
+from .metrics import robustness_summary
 from .results import RESULTS_FORMAT, RobustnessResults, load_results, report_dir
-from .robustness import (
-    DEFAULT_METRIC_QUEUE,
-    PipelineError,
-    cell_dataloader,
-    evaluate_robustness,
-    find_loading_step,
-    results_lock,
-)
+from .robustness import DEFAULT_METRIC_QUEUE, evaluate_robustness, results_lock
 from .seg_metric import FastIoUMetric
 from .vq_metric import VQReconstructionMetric
 

@@ -40,17 +40,21 @@ from mmengine.model import is_model_wrapper
 from ..models import adversarial
 from ..models.data_preprocessors import PixelSpace, valid_mask
 from ..utils.errors import UsageError
-from .worst_case import WORST
+from .cells import (
+    ATTACKS,
+    NORMS,
+    SEGMENTATION_ONLY,
+    annotations_after_resize,
+    attack_names,
+    gt_at_file_scale,
+    is_attack_cell,
+    transform_names,
+)
 
 __all__ = ['ATTACKS', 'NORMS', 'Attack', 'AttackError', 'AttackResult', 'annotations_after_resize',
            'attack_batch', 'attack_cells', 'attack_loss', 'attack_names', 'attack_of_cell',
            'attack_plan', 'gt_at_file_scale', 'is_attack_cell', 'parse_epsilon', 'transform_names']
 
-#: attack families; each comes in every norm of :data:`NORMS` (``pgd_linf``, ``fgsm_l2``, ...)
-ATTACKS = ('fgsm', 'pgd', 'segpgd', 'cospgd')
-#: the attacks defined on per-pixel class scores: segmentors only
-SEGMENTATION_ONLY = ('segpgd', 'cospgd')
-NORMS = adversarial.NORMS
 #: whether each family starts from a random point of the ε-ball by default, as its paper does:
 #: FGSM steps from the image (Goodfellow et al. 2015); PGD (Madry et al. 2018), SegPGD (Gu et
 #: al. 2022) and CosPGD (Agnihotri et al. 2024) start from a uniform point of the ball
@@ -59,10 +63,6 @@ RANDOM_START = {'fgsm': False, 'pgd': True, 'segpgd': True, 'cospgd': True}
 
 class AttackError(UsageError):
     """An attack that cannot run as asked: its name, budget, or the model and test data."""
-
-
-def attack_names() -> List[str]:
-    return [f'{a}_{n}' for a in ATTACKS for n in NORMS]
 
 
 def parse_epsilon(value: Union[str, float, int]) -> float:
@@ -521,12 +521,6 @@ def attack_loss(model: nn.Module, data: dict, attack: Attack, gt_at_file_scale: 
 
 # -- attack cells of a robustness evaluation -------------------------------------------------------
 
-def is_attack_cell(name: str) -> bool:
-    """Whether a results cell is an attack's (``pgd_linf``, ..., and the per-image worst case
-    over them, :data:`~.worst_case.WORST`), not a corruption's."""
-    return name in attack_names() or name == WORST
-
-
 def attack_plan(names: Sequence[str], epsilons: Sequence[Union[str, float]], steps: int = 10,
                 step_size: Optional[float] = None, random_start: Optional[bool] = None,
                 restarts: int = 1, seed: int = 0) -> Dict[str, Dict]:
@@ -560,29 +554,3 @@ def attack_cells(plan: Mapping[str, Dict]) -> List[Tuple[str, int]]:
 def attack_of_cell(plan: Mapping[str, Dict], name: str, index: int) -> Attack:
     entry = plan[name]
     return Attack.from_name(name, entry['epsilons'][index - 1], **entry['settings'])
-
-
-def transform_names(pipeline: Sequence) -> List[str]:
-    """The type names of a pipeline's transforms (configs, classes or instances), without
-    their scope (``mmdet.Resize`` → ``Resize``)."""
-    def kind(step) -> str:
-        name = step.get('type', '') if isinstance(step, Mapping) else type(step).__name__
-        return (name if isinstance(name, str) else getattr(name, '__name__', '')).split('.')[-1]
-    return [kind(s) for s in pipeline]
-
-
-def annotations_after_resize(pipeline: Sequence) -> bool:
-    """Whether a test pipeline loads its annotations after resizing (mmdet's default: the
-    ground truth stays at the file's scale for evaluation), by the transforms' type names."""
-    kinds = transform_names(pipeline)
-    loads = [i for i, k in enumerate(kinds) if k.startswith('LoadAnnotations')]
-    resizes = [i for i, k in enumerate(kinds) if 'Resize' in k]
-    return bool(loads and resizes and loads[0] > resizes[0])
-
-
-def gt_at_file_scale(cfg) -> bool:
-    """Whether a config's test pipelines load the ground truth after resizing (pass it as
-    :func:`attack_batch`'s ``gt_at_file_scale``)."""
-    from ..utils.config_checks import leaf_datasets
-    return any(annotations_after_resize(list(d.get('pipeline', [])))
-               for d in leaf_datasets(cfg.test_dataloader['dataset']))

@@ -9,10 +9,9 @@ corruption weighs the same whatever its number of severities.
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..corruptions import CATEGORIES, CORRUPTIONS, Protocol
+from .cells import CLEAN, is_attack_cell
 
 __all__ = ['CLEAN', 'Cells', 'mean_over_corruptions', 'robustness_summary']
-
-CLEAN = 'clean'
 
 #: Results cells: {corruption: {severity: {metric: value}}}, the clean set as {'clean': {0: ...}}.
 Cells = Mapping[str, Mapping[int, Mapping[str, float]]]
@@ -57,7 +56,7 @@ def robustness_summary(cells: Cells, protocol: Optional[Protocol] = None) -> Dic
         return protocol.category(corruption) if protocol is not None else \
             CORRUPTIONS[corruption].category
 
-    from .attacks import is_attack_cell  # NOTE: attack cells are not corruptions
+    # NOTE: attack cells are not corruptions
     wanted = protocol.cells() if protocol is not None else [
         (c, int(s)) for c, sevs in cells.items()
         if c != CLEAN and not is_attack_cell(c) for s in sevs]

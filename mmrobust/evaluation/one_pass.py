@@ -9,20 +9,18 @@ gives every cell the batches the config's own sampler would give this rank, neve
 cells in a batch, so the workers prefetch cell k+1 while cell k's last batches are in flight.
 """
 import copy
-import os.path as osp
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence
 
 from mmengine.config import Config
 from torch.utils.data import Dataset, Sampler
 
-from ..corruptions.stored import cell_folder, cell_image_path
+from ..corruptions.stored import cell_image_path
 from ..datasets.transforms import CELL_KEY
-from ..utils.errors import InputNotFoundError
-from .metrics import CLEAN
+from ..utils.config_checks import leaf_datasets
+from .cells import CLEAN, Cell, CellSource, check_stored_paths, find_loading_step
 
 __all__ = ['CellDataset', 'CellBatchSampler', 'OnePassUnsupported', 'one_pass_loader']
 
-Cell = Tuple[str, int]
 
 
 class OnePassUnsupported(Exception):
@@ -96,7 +94,6 @@ class CellBatchSampler(Sampler):
 
 def _is_plain(loader_cfg: Dict) -> Optional[str]:
     """Why one dataset cannot serve every cell (None: it can)."""
-    from ..utils.config_checks import leaf_datasets
     leaves = leaf_datasets(loader_cfg['dataset'])
     if len(leaves) != 1 or leaves[0] is not loader_cfg['dataset']:
         return 'the test dataset is a wrapper of several datasets'
@@ -117,21 +114,13 @@ def one_pass_loader(runner, cfg: Config, cells: Sequence[Cell], seed: int, bgr_c
     """
     from mmengine.dataset import BaseDataset
     from mmengine.registry import DATA_SAMPLERS, DATASETS
-
-    from .robustness import check_stored_paths, find_loading_step
     loader_cfg = copy.deepcopy(cfg.test_dataloader)
     why = _is_plain(loader_cfg)
     if why:
         raise OnePassUnsupported(why)
     dataset_cfg = loader_cfg.pop('dataset')
     if corrupted_root:
-        for corruption, severity in cells:
-            folder = cell_folder(corrupted_root, corruption, severity)
-            if corruption != CLEAN and not osp.isdir(folder):
-                raise InputNotFoundError(
-                    f'{folder} does not exist: write the corrupted set with `python '
-                    f'tools/make_corrupted.py SRC {corrupted_root} ...` for this protocol, or '
-                    'drop --corrupted-root to corrupt on the fly.')
+        CellSource(seed, bgr_compat, corrupted_root).check_folders(cells)
     else:
         pipeline = list(dataset_cfg['pipeline'])
         at = find_loading_step(pipeline)

@@ -20,7 +20,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from mmengine.config import Config, ConfigDict
+from mmengine.config import Config
 from mmengine.dist import barrier, broadcast_object_list, get_dist_info
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
@@ -29,23 +29,15 @@ from ..corruptions import Protocol
 from ..corruptions.stored import (
     MANIFEST,
     cell_folder,
-    cell_image_path,
     read_stored_set,
     stored_set_identity,
     stored_settings,
 )
 from ..utils.config_checks import leaf_datasets
-from ..utils.errors import InputNotFoundError, MMRobustError, shareable
+from ..utils.errors import shareable
 from ..utils.io import TMP_MARK, FileLockedError, exclusive_lock
 from ..utils.progress import Progress
-from .attacks import (
-    AttackError,
-    attack_batch,
-    attack_of_cell,
-    gt_at_file_scale,
-    is_attack_cell,
-    transform_names,
-)
+from .attacks import AttackError, attack_batch, attack_of_cell
 from .background import (
     InferenceLoop,
     MetricWorker,
@@ -61,13 +53,22 @@ from .background import (
     saved_cells,
     worker_imports,
 )
+from .cells import (
+    CLEAN,
+    WORST,
+    cell_dataloader,
+    check_stored_leaves,
+    find_loading_step,
+    gt_at_file_scale,
+    is_attack_cell,
+    transform_names,
+)
 from .coco_metric import (
     DEFAULT_ROBUSTNESS_BACKEND,
     _metric_entries,
     select_coco_backend,
     without_backend,
 )
-from .metrics import CLEAN
 from .one_pass import OnePassUnsupported, one_pass_loader
 from .per_image import StatsTarget, stats_dir, stats_path, write_cell_stats
 from .results import (
@@ -80,17 +81,13 @@ from .results import (
     shard_cells,
 )
 from .seg_metric import use_fast_iou
-from .worst_case import WORST, add_worst_case
+from .worst_case import add_worst_case
 
 #: Cells whose metrics may be in flight beside the next cell's inference (``--metric-queue``).
 DEFAULT_METRIC_QUEUE = 2
 #: Seconds between the short broadcasts of every rank while rank 0 waits (on its metric
 #: worker, a metric computed in place, a predictions file being written).
 RANK0_POLL_S = 1.0
-
-
-class PipelineError(MMRobustError, ValueError):
-    """The test pipeline cannot be corrupted (no image-loading step)."""
 
 
 # dataloader settings that do not change what is evaluated (a resumed run may change them)
@@ -105,89 +102,6 @@ def config_sha256(cfg: Config) -> str:
              'test_evaluator': without_backend(cfg.get('test_evaluator')),
              **{k: cfg.get(k) for k in ('model', 'test_cfg')}}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
-
-
-# -- pipelines and dataloaders per cell ------------------------------------------------------------
-
-def find_loading_step(pipeline: List[Dict]) -> int:
-    """Index of the image-loading transform (``LoadImageFromFile`` and kin), found by type."""
-    for i, step in enumerate(pipeline):
-        kind = step.get('type', '') if isinstance(step, dict) else type(step).__name__
-        kind = kind if isinstance(kind, str) else getattr(kind, '__name__', '')
-        if kind.split('.')[-1].startswith('LoadImageFrom'):
-            return i
-    types = [s.get('type') if isinstance(s, dict) else type(s).__name__ for s in pipeline]
-    raise PipelineError(
-        f'The test pipeline has no image-loading step (LoadImageFromFile or similar), so there '
-        f'is no place to corrupt the images: {types}. Add one, or evaluate a stored corrupted '
-        'set with --corrupted-root.')
-
-
-def cell_dataloader(cfg: Config, corruption: Optional[str], severity: int, seed: int,
-                    bgr_compat: bool, corrupted_root: Optional[str]) -> ConfigDict:
-    """The test dataloader config of one cell (``corruption=None``: the clean set).
-
-    A stored cell reads each sample's image from the stored set (a :class:`StoredCell` step
-    before the loading step maps its path, whatever formed it); an on-the-fly cell corrupts it
-    right after loading.
-    """
-    loader = copy.deepcopy(cfg.test_dataloader)
-    if corruption is None:
-        return loader
-    for dataset in leaf_datasets(loader['dataset']):
-        pipeline = list(dataset['pipeline'])
-        at = find_loading_step(pipeline)
-        if corrupted_root:
-            folder = cell_folder(corrupted_root, corruption, severity)
-            if not osp.isdir(folder):
-                raise InputNotFoundError(
-                    f'{folder} does not exist: write the corrupted set with '
-                    f'`python tools/make_corrupted.py SRC {corrupted_root} ...` for this '
-                    'protocol, or drop --corrupted-root to corrupt on the fly.')
-            pipeline.insert(at, dict(type='StoredCell', root=corrupted_root,
-                                     corruption=corruption, severity=severity,
-                                     data_root=dataset.get('data_root')))
-        else:
-            pipeline.insert(at + 1, dict(type='Corrupt', corruption=corruption,
-                                         severity=severity, seed=seed, bgr_compat=bgr_compat))
-        dataset['pipeline'] = pipeline
-    return loader
-
-
-def check_stored_paths(dataset: Any, data_root: Optional[str], corrupted_root: str,
-                       cells: List[Tuple[str, int]]) -> None:
-    """Refuse, before any inference, a stored set that cannot serve every sample of a built
-    dataset: a path that has no place in the set's layout, or a cell without its first image.
-
-    Raises:
-        StoredSetError: a sample's image is not under ``data_root`` (says how to mend it).
-        InputNotFoundError: a cell's folder lacks an image (the set is incomplete).
-    """
-    stored = [c for c in cells if c[0] != CLEAN]
-    if not stored or len(dataset) == 0:
-        return
-    paths = [dataset.get_data_info(i)['img_path'] for i in range(len(dataset))]
-    for path in paths:  # NOTE: raises on the first that cannot be placed
-        cell_image_path(path, data_root, corrupted_root, *stored[0])
-    for cell in stored:
-        first = cell_image_path(paths[0], data_root, corrupted_root, *cell)
-        if not osp.isfile(first):
-            raise InputNotFoundError(
-                f'{first} does not exist: the stored set {corrupted_root} lacks images of cell '
-                f'{cell[0]} {cell[1]}. Rerun make_corrupted.py for this protocol into it.')
-
-
-def _check_stored_leaves(cfg: Config, corrupted_root: str,
-                         cells: List[Tuple[str, int]]) -> None:
-    """:func:`check_stored_paths` for every dataset of the test dataloader (built once here)."""
-    from mmengine.registry import DATASETS
-    for leaf in leaf_datasets(cfg.test_dataloader['dataset']):
-        leaf = copy.deepcopy(leaf)
-        leaf['pipeline'] = []  # NOTE: only the sample list is read
-        dataset = DATASETS.build(leaf)
-        if hasattr(dataset, 'full_init'):
-            dataset.full_init()
-        check_stored_paths(dataset, leaf.get('data_root'), corrupted_root, cells)
 
 
 # -- the results file ------------------------------------------------------------------------------
@@ -749,7 +663,7 @@ def _per_cell_cells(runner, cfg: Config, cells: List[Tuple[str, int]], metric_cf
     ``(cell, gathered results or None, the loop's metrics, dataset_meta, timing)``. Attack
     cells (of ``attacks``) read the clean images and attack them in the data preprocessor."""
     if corrupted_root:  # NOTE: every sample's stored path, before the first cell's inference
-        _check_stored_leaves(cfg, corrupted_root, cells)
+        check_stored_leaves(cfg, corrupted_root, cells)
     counted = False
     for cell in cells:
         progress_bar.describe(_label(cell))

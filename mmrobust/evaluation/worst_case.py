@@ -22,12 +22,10 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
+from .cells import WORST
 from .per_image import IoUStats, load_cell_stats, save_cell_stats, stats_dir, stats_path
 
 __all__ = ['WORST', 'add_worst_case', 'image_miou', 'worst_case_block']
-
-#: the name of the worst-case cells in a results file
-WORST = 'worst'
 _AREAS = ('intersect', 'union', 'pred', 'label')
 
 

@@ -21,10 +21,8 @@ from typing import Callable, Iterator, Tuple
 import torch
 import torch.nn as nn
 
-__all__ = ['NORMS', 'eval_mode', 'finite_images', 'input_gradient', 'l2_norms', 'preserved_buffers',
+__all__ = ['eval_mode', 'finite_images', 'input_gradient', 'l2_norms', 'preserved_buffers',
            'project', 'random_start', 'step_direction']
-
-NORMS = ('linf', 'l2')
 
 #: the loss scale under fp16 autocast: the input gradient of a mean loss over a large image is
 #: ~1e-8 per value, below fp16's smallest normal; a constant scale changes no direction

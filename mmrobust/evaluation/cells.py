@@ -1,0 +1,191 @@
+"""What a cell of a robustness evaluation is, and where its images come from.
+
+A cell is ``(name, index)``: the clean test set ``(clean, 0)``, a corruption at a severity
+``(fog, 3)``, an attack at its k-th budget ``(pgd_linf, 2)``, or the per-image worst case over
+the attacks ``(worst, 2)``. This module names them (without importing torch), edits a test
+pipeline for a cell (the image-loading step found by type; the corruption right after it, or a
+stored set's path mapped before it) and builds a cell's dataloader config. Where a cell's
+images come from is a :class:`CellSource`: corrupted on the fly from ``seed`` and the channel
+order, or read from a stored set under ``corrupted_root`` (its layout:
+:func:`mmrobust.corruptions.stored.cell_folder`).
+"""
+import copy
+import os.path as osp
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from mmengine.config import Config, ConfigDict
+
+from ..corruptions.stored import cell_folder, cell_image_path
+from ..utils.config_checks import leaf_datasets
+from ..utils.errors import InputNotFoundError, MMRobustError
+
+__all__ = ['ATTACKS', 'CLEAN', 'NORMS', 'SEGMENTATION_ONLY', 'WORST', 'Cell', 'CellSource',
+           'PipelineError', 'annotations_after_resize', 'attack_names', 'cell_dataloader',
+           'check_stored_leaves', 'check_stored_paths', 'find_loading_step', 'gt_at_file_scale',
+           'is_attack_cell', 'transform_names']
+
+#: a cell: (corruption, attack or ``clean``, severity or budget index)
+Cell = Tuple[str, int]
+#: the clean test set's cell name (severity 0)
+CLEAN = 'clean'
+#: attack families; each comes in every norm of :data:`NORMS` (``pgd_linf``, ``fgsm_l2``, ...)
+ATTACKS = ('fgsm', 'pgd', 'segpgd', 'cospgd')
+#: the attacks defined on per-pixel class scores: segmentors only
+SEGMENTATION_ONLY = ('segpgd', 'cospgd')
+NORMS = ('linf', 'l2')
+#: the per-image worst case over a run's attacks (:mod:`.worst_case`)
+WORST = 'worst'
+
+
+def attack_names() -> List[str]:
+    return [f'{a}_{n}' for a in ATTACKS for n in NORMS]
+
+
+def is_attack_cell(name: str) -> bool:
+    """Whether a results cell is an attack's (``pgd_linf``, ..., and the per-image worst case
+    over them, :data:`WORST`), not a corruption's."""
+    return name in attack_names() or name == WORST
+
+
+class PipelineError(MMRobustError, ValueError):
+    """The test pipeline cannot be corrupted (no image-loading step)."""
+
+
+# -- pipeline edits --------------------------------------------------------------------------------
+
+def transform_names(pipeline: Sequence) -> List[str]:
+    """The type names of a pipeline's transforms (configs, classes or instances), without
+    their scope (``mmdet.Resize`` → ``Resize``)."""
+    def kind(step) -> str:
+        name = step.get('type', '') if isinstance(step, Mapping) else type(step).__name__
+        return (name if isinstance(name, str) else getattr(name, '__name__', '')).split('.')[-1]
+    return [kind(s) for s in pipeline]
+
+
+def find_loading_step(pipeline: List[Dict]) -> int:
+    """Index of the image-loading transform (``LoadImageFromFile`` and kin), found by type."""
+    for i, kind in enumerate(transform_names(pipeline)):
+        if kind.startswith('LoadImageFrom'):
+            return i
+    types = [s.get('type') if isinstance(s, dict) else type(s).__name__ for s in pipeline]
+    raise PipelineError(
+        f'The test pipeline has no image-loading step (LoadImageFromFile or similar), so there '
+        f'is no place to corrupt the images: {types}. Add one, or evaluate a stored corrupted '
+        'set with --corrupted-root.')
+
+
+def annotations_after_resize(pipeline: Sequence) -> bool:
+    """Whether a test pipeline loads its annotations after resizing (mmdet's default: the
+    ground truth stays at the file's scale for evaluation), by the transforms' type names."""
+    kinds = transform_names(pipeline)
+    loads = [i for i, k in enumerate(kinds) if k.startswith('LoadAnnotations')]
+    resizes = [i for i, k in enumerate(kinds) if 'Resize' in k]
+    return bool(loads and resizes and loads[0] > resizes[0])
+
+
+def gt_at_file_scale(cfg: Config) -> bool:
+    """Whether a config's test pipelines load the ground truth after resizing (pass it as
+    :func:`~.attacks.attack_batch`'s ``gt_at_file_scale``)."""
+    return any(annotations_after_resize(list(d.get('pipeline', [])))
+               for d in leaf_datasets(cfg.test_dataloader['dataset']))
+
+
+# -- where a cell's images come from ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CellSource:
+    """Corrupted on the fly (``corrupted_root`` None: from ``seed``, ``bgr_compat`` the channel
+    order imagecorruptions is fed), or read from the stored set under ``corrupted_root``."""
+    seed: int = 0
+    bgr_compat: bool = False
+    corrupted_root: Optional[str] = None
+
+    def folder(self, corruption: str, severity: int) -> str:
+        """A stored cell's folder (the stored set's layout)."""
+        assert self.corrupted_root is not None
+        return cell_folder(self.corrupted_root, corruption, severity)
+
+    def check_folders(self, cells: Sequence[Cell]) -> None:
+        """A stored set holds a folder for each corrupted cell (else: how to write it)."""
+        if self.corrupted_root is None:
+            return
+        for corruption, severity in cells:
+            if corruption == CLEAN:
+                continue
+            folder = self.folder(corruption, severity)
+            if not osp.isdir(folder):
+                raise InputNotFoundError(
+                    f'{folder} does not exist: write the corrupted set with '
+                    f'`python tools/make_corrupted.py SRC {self.corrupted_root} ...` for this '
+                    'protocol, or drop --corrupted-root to corrupt on the fly.')
+
+    def insert_step(self, pipeline: List, dataset: Mapping, corruption: str,
+                    severity: int) -> List:
+        """``pipeline`` with the cell's step: a :class:`StoredCell` before the loading step
+        (it maps the sample's path, whatever formed it) or a :class:`Corrupt` right after."""
+        pipeline = list(pipeline)
+        at = find_loading_step(pipeline)
+        if self.corrupted_root:
+            pipeline.insert(at, dict(type='StoredCell', root=self.corrupted_root,
+                                     corruption=corruption, severity=severity,
+                                     data_root=dataset.get('data_root')))
+        else:
+            pipeline.insert(at + 1, dict(type='Corrupt', corruption=corruption,
+                                         severity=severity, seed=self.seed,
+                                         bgr_compat=self.bgr_compat))
+        return pipeline
+
+
+def cell_dataloader(cfg: Config, corruption: Optional[str], severity: int, seed: int,
+                    bgr_compat: bool, corrupted_root: Optional[str]) -> ConfigDict:
+    """The test dataloader config of one cell (``corruption=None``: the clean set).
+
+    A stored cell reads each sample's image from the stored set (a :class:`StoredCell` step
+    before the loading step maps its path, whatever formed it); an on-the-fly cell corrupts it
+    right after loading.
+    """
+    loader = copy.deepcopy(cfg.test_dataloader)
+    if corruption is None:
+        return loader
+    source = CellSource(seed, bgr_compat, corrupted_root)
+    source.check_folders([(corruption, severity)])
+    for dataset in leaf_datasets(loader['dataset']):
+        dataset['pipeline'] = source.insert_step(dataset['pipeline'], dataset, corruption,
+                                                 severity)
+    return loader
+
+
+def check_stored_paths(dataset: Any, data_root: Optional[str], corrupted_root: str,
+                       cells: List[Cell]) -> None:
+    """Refuse, before any inference, a stored set that cannot serve every sample of a built
+    dataset: a path that has no place in the set's layout, or a cell without its first image.
+
+    Raises:
+        StoredSetError: a sample's image is not under ``data_root`` (says how to mend it).
+        InputNotFoundError: a cell's folder lacks an image (the set is incomplete).
+    """
+    stored = [c for c in cells if c[0] != CLEAN]
+    if not stored or len(dataset) == 0:
+        return
+    paths = [dataset.get_data_info(i)['img_path'] for i in range(len(dataset))]
+    for path in paths:  # NOTE: raises on the first that cannot be placed
+        cell_image_path(path, data_root, corrupted_root, *stored[0])
+    for cell in stored:
+        first = cell_image_path(paths[0], data_root, corrupted_root, *cell)
+        if not osp.isfile(first):
+            raise InputNotFoundError(
+                f'{first} does not exist: the stored set {corrupted_root} lacks images of cell '
+                f'{cell[0]} {cell[1]}. Rerun make_corrupted.py for this protocol into it.')
+
+
+def check_stored_leaves(cfg: Config, corrupted_root: str, cells: List[Cell]) -> None:
+    """:func:`check_stored_paths` for every dataset of the test dataloader (built once here)."""
+    from mmengine.registry import DATASETS
+    for leaf in leaf_datasets(cfg.test_dataloader['dataset']):
+        leaf = copy.deepcopy(leaf)
+        leaf['pipeline'] = []  # NOTE: only the sample list is read
+        dataset = DATASETS.build(leaf)
+        if hasattr(dataset, 'full_init'):
+            dataset.full_init()
+        check_stored_paths(dataset, leaf.get('data_root'), corrupted_root, cells)
