@@ -278,3 +278,20 @@ def test_a_killed_shard_resumes_like_an_unsharded_run(toy_data, tmp_path):
     assert all(t['resumed_from_predictions'] for by in data['timing'].values()
                for t in by.values())
     assert {c: _cells(whole)[c] for c in data['cells']} == data['cells']
+
+
+def test_one_layout_names_every_side_file(tmp_path):
+    """The side folders and per-cell files of a results file, named in one place and used by
+    the predictions, the statistics and the report."""
+    from mmrobust.evaluation.background import predictions_dir, predictions_path
+    from mmrobust.evaluation.per_image import stats_dir, stats_path
+    from mmrobust.evaluation.results import ResultsLayout, report_dir
+    results = str(tmp_path / 'w' / 'robustness_benchmark.json')
+    layout = ResultsLayout(results)
+    stem = str(tmp_path / 'w' / 'robustness_benchmark')
+    assert (layout.report, layout.predictions, layout.per_image) == (
+        f'{stem}_report', f'{stem}_predictions', f'{stem}_per_image')
+    assert (report_dir(results), predictions_dir(results), stats_dir(results)) == (
+        layout.report, layout.predictions, layout.per_image)
+    assert predictions_path(layout.predictions, 'fog', 3) == f'{stem}_predictions/fog_3.pkl'
+    assert stats_path(layout.per_image, 'pgd_linf', '2') == f'{stem}_per_image/pgd_linf_2.npz'

@@ -23,6 +23,7 @@ from mmengine.runner import TestLoop
 
 from ..utils.errors import ConfigError, shareable
 from ..utils.io import TMP_MARK, atomic_write
+from .results import ResultsLayout
 
 __all__ = ['PREDICTIONS_FORMAT', 'InferenceLoop', 'MetricClassError', 'MetricWorker',
            'PredictionsPicklingError',
@@ -88,11 +89,11 @@ def _gather(metric: Any, size: int) -> Optional[list]:
 def predictions_dir(results_path: str) -> str:
     """``<results stem>_predictions/`` next to the results file: the cells whose metrics are
     not recorded yet."""
-    return f'{osp.splitext(osp.abspath(results_path))[0]}_predictions'
+    return ResultsLayout(results_path).predictions
 
 
 def predictions_path(folder: str, corruption: str, severity: int) -> str:
-    return osp.join(folder, f'{corruption}_{severity}.pkl')
+    return ResultsLayout.cell_file(folder, corruption, severity, 'pkl')
 
 
 #: Modules whose classes are data containers a metric may keep in its results (OpenMMLab's

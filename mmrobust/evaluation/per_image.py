@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..utils.io import atomic_write
+from .results import ResultsLayout
 
 __all__ = ['PER_IMAGE_KEY', 'STATS_FORMAT', 'CocoAP', 'IoUStats', 'StatsTarget', 'coco_block',
            'iou_block', 'load_cell_stats', 'save_cell_stats', 'scorer', 'stats_dir',
@@ -42,12 +43,12 @@ _COCO_ITEMS = {'mAP': (None, 'all', 100), 'mAP_50': (.5, 'all', 2), 'mAP_75': (.
 
 
 def stats_dir(results_path: str) -> str:
-    """``<results stem>_per_image/`` next to the results file."""
-    return f'{osp.splitext(osp.abspath(results_path))[0]}_per_image'
+    """``<results stem>_per_image/`` next to the results file (:class:`~.results.ResultsLayout`)."""
+    return ResultsLayout(results_path).per_image
 
 
 def stats_path(folder: str, corruption: str, severity: int) -> str:
-    return osp.join(folder, f'{corruption}_{severity}.npz')
+    return ResultsLayout.cell_file(folder, corruption, severity, 'npz')
 
 
 def stats_folders(results_path: str, results: Mapping) -> List[str]:

@@ -11,6 +11,7 @@ import io
 import json
 import os.path as osp
 import pickle
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..corruptions import CORRUPTIONS
@@ -21,7 +22,8 @@ from .metrics import CLEAN
 __all__ = ['RESULTS_FORMAT', 'IDENTITY_KEYS', 'LEGACY_IDENTITY_KEYS', 'INFO_KEYS',
            'RobustnessResults', 'ShardError', 'ShardSpecError', 'NotAResultsFileError',
            'file_sha256', 'evaluation_sha256', 'identity_sha256', 'load_results',
-           'make_identity', 'merge_results', 'parse_shard', 'planned_cells', 'report_dir',
+           'ResultsLayout', 'make_identity', 'merge_results', 'parse_shard', 'planned_cells',
+           'report_dir',
            'shard_cells']
 
 RESULTS_FORMAT = 'mmrobust-robustness/1'
@@ -68,11 +70,43 @@ def evaluation_sha256(identity: Mapping) -> str:
     return identity_sha256({k: v for k, v in identity.items() if k != 'shard'})
 
 
+@dataclass(frozen=True)
+class ResultsLayout:
+    """The files a results file owns, next to it, so that two results files in one folder keep
+    their own (``<stem>``: its path without the extension):
+
+    - ``<stem>_report/``: the report's tables and plots;
+    - ``<stem>_predictions/``: the saved predictions of cells whose metric is not recorded yet
+      (``<cell>_<index>.pkl``);
+    - ``<stem>_per_image/``: each cell's per-image statistics (``<cell>_<index>.npz``).
+    """
+    results_path: str
+
+    @property
+    def stem(self) -> str:
+        return osp.splitext(osp.abspath(self.results_path))[0]
+
+    @property
+    def report(self) -> str:
+        return f'{self.stem}_report'
+
+    @property
+    def predictions(self) -> str:
+        return f'{self.stem}_predictions'
+
+    @property
+    def per_image(self) -> str:
+        return f'{self.stem}_per_image'
+
+    @staticmethod
+    def cell_file(folder: str, name: str, index: int, extension: str) -> str:
+        """A cell's file in one of the side folders: ``<folder>/<name>_<index>.<extension>``."""
+        return osp.join(folder, f'{name}_{int(index)}.{extension}')
+
+
 def report_dir(results_path: str) -> str:
-    """Where the tables and plots of a results file go: ``<results stem>_report/`` next to it,
-    so two results files in one folder keep their own."""
-    stem = osp.splitext(osp.abspath(results_path))[0]
-    return f'{stem}_report'
+    """Where the tables and plots of a results file go (:class:`ResultsLayout`)."""
+    return ResultsLayout(results_path).report
 
 
 def make_identity(protocol: Any, seed: int, bgr_compat: bool,

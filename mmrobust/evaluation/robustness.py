@@ -72,6 +72,7 @@ from .coco_metric import (
 from .one_pass import OnePassUnsupported, one_pass_loader
 from .per_image import StatsTarget, stats_dir, stats_path, write_cell_stats
 from .results import (
+    ResultsLayout,
     RobustnessResults,
     evaluation_sha256,
     identity_sha256,
@@ -348,8 +349,8 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         evaluator = cell_metric_outputs(copy.deepcopy(cell_evaluator), cell)
         if save_predictions:
             evaluator = list(evaluator) if isinstance(evaluator, (list, tuple)) else [evaluator]
-            evaluator.append(dict(type='DumpRobustPredictions', out_file_path=osp.join(
-                save_predictions, f'{cell[0]}_{cell[1]}.pkl')))
+            evaluator.append(dict(type='DumpRobustPredictions', out_file_path=(
+                ResultsLayout.cell_file(save_predictions, *cell, 'pkl'))))
         return evaluator, _metric_entries(evaluator)
 
     progress_bar = Progress(0, 'image', protocol.name, enabled=progress and rank == 0)
