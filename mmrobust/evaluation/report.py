@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..corruptions import BENCHMARK_CORRUPTIONS, CATEGORIES, CORRUPTIONS, Protocol
 from ..utils.io import save_figure
 from .metrics import robustness_summary
-from .results import load_results
+from .results import corruption_cells, load_results
 from .worst_case import WORST
 
 __all__ = ['Extras', 'build_extras', 'load_results', 'summarize', 'summary_markdown',
@@ -19,15 +19,17 @@ MAIN_METRICS = ('bbox_mAP', 'segm_mAP', 'mIoU', 'AP', 'mAP')
 
 
 def _protocol_of(results: Mapping) -> Optional[Protocol]:
-    """The results' protocol: its planned cells, grouped as the named protocol groups them."""
+    """The results' protocol: its planned corruption cells, grouped as the named protocol
+    groups them."""
     from ..corruptions import PROTOCOLS
-    planned = results.get('cells_planned')
-    if not planned:
+    if not results.get('cells_planned'):
         return None
+    severities: Dict[str, Tuple[int, ...]] = {}
+    for corruption, severity in corruption_cells(results):
+        severities[corruption] = severities.get(corruption, ()) + (severity,)
     name = results.get('protocol', 'custom')
     known = PROTOCOLS.get(str(name).split(':')[0])
-    return Protocol(name, '', {c: tuple(int(s) for s in sevs) for c, sevs in planned.items()},
-                    dict(known.categories) if known else {})
+    return Protocol(name, '', severities, dict(known.categories) if known else {})
 
 
 def summarize(results: Mapping) -> Dict:

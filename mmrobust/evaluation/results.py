@@ -17,14 +17,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..corruptions import CORRUPTIONS
 from ..utils.errors import InputNotFoundError, MMRobustError
 from ..utils.io import ResultsStore
-from .metrics import CLEAN
+from .cells import CLEAN, is_attack_cell
 
 __all__ = ['RESULTS_FORMAT', 'IDENTITY_KEYS', 'LEGACY_IDENTITY_KEYS', 'INFO_KEYS',
            'RobustnessResults', 'ShardError', 'ShardSpecError', 'NotAResultsFileError',
            'file_sha256', 'evaluation_sha256', 'identity_sha256', 'load_results',
-           'ResultsLayout', 'make_identity', 'merge_results', 'parse_shard', 'planned_cells',
-           'report_dir',
-           'shard_cells']
+           'ResultsLayout', 'corruption_cells', 'make_identity', 'merge_results', 'parse_shard',
+           'planned_cells', 'report_dir', 'shard_cells']
 
 RESULTS_FORMAT = 'mmrobust-robustness/1'
 #: What must match for a results file to be resumed, or for shards to be merged: every recorded
@@ -205,6 +204,15 @@ def planned_cells(identity: Mapping) -> List[Tuple[str, int]]:
     for name, entry in (identity.get('attacks') or {}).items():
         cells += [(name, k) for k in range(1, len(entry['epsilons']) + 1)]
     return cells
+
+
+def corruption_cells(results: Mapping) -> List[Tuple[str, int]]:
+    """The corruption cells mPC averages over: the planned ones (:func:`planned_cells` without
+    the clean set and the attacks), else, for results without a plan, every recorded one."""
+    if results.get('cells_planned'):
+        return [c for c in planned_cells(results) if c[0] != CLEAN and not is_attack_cell(c[0])]
+    return [(c, int(s)) for c, sevs in results.get('cells', {}).items()
+            if c != CLEAN and not is_attack_cell(c) for s in sevs]
 
 
 # -- reading ---------------------------------------------------------------------------------------

@@ -24,11 +24,11 @@ import numpy as np
 from ..utils.errors import MMRobustError
 from .metrics import CLEAN, mean_over_corruptions
 from .per_image import load_cell_stats, scorer, stats_folders, stats_path
-from .results import evaluation_sha256
+from .results import corruption_cells, evaluation_sha256
 
 __all__ = ['Bootstrap', 'CellStats', 'PairingError', 'bootstrap_weights', 'cell_stats',
            'check_pairable', 'corruption_errors', 'interval', 'metric_scale',
-           'paired_differences', 'protocol_cells', 'replicate_summary', 'replicates_of',
+           'paired_differences', 'replicate_summary', 'replicates_of',
            'seed_statistics']
 
 Cell = Tuple[str, int]
@@ -159,16 +159,6 @@ def replicate_summary(stats: CellStats, weights: np.ndarray,
                     entry['rPC'] = entry['mPC'] / entry['P_clean']
         out[name] = entry
     return out
-
-
-def protocol_cells(results: Mapping) -> List[Cell]:
-    """The corruption cells mPC averages over: the planned ones, else every recorded one."""
-    planned = results.get('cells_planned')
-    if planned:
-        return [(c, int(s)) for c, sevs in planned.items() for s in sevs]
-    from .attacks import is_attack_cell
-    return [(c, int(s)) for c, sevs in results['cells'].items()
-            if c != CLEAN and not is_attack_cell(c) for s in sevs]
 
 
 def check_pairable(a: Tuple[str, Mapping, CellStats], b: Tuple[str, Mapping, CellStats]
@@ -326,5 +316,5 @@ def replicates_of(results_path: str, results: Mapping, boot: Bootstrap,
     if not stats.cells:
         return stats, {}
     weights = bootstrap_weights(len(stats.images), boot.replicates, boot.seed)
-    return stats, replicate_summary(stats, weights, protocol_cells(results))
+    return stats, replicate_summary(stats, weights, corruption_cells(results))
 
