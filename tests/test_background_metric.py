@@ -208,7 +208,7 @@ def test_killed_run_and_dead_worker_resume_without_inference(toy_data, tmp_path,
     # 3. the next rerun computes both metrics from the saved predictions: no forward at all
     from mmrobust.apis import apply_common_args, apply_test_args, build_runner
     from mmrobust.corruptions import resolve_protocol
-    from mmrobust.evaluation import evaluate_robustness
+    from mmrobust.evaluation import RobustnessOptions, evaluate_robustness
     cfg = Config.fromfile(str(REPO / SEG_CFG))
     cfg = apply_common_args(cfg, str(REPO / SEG_CFG), 'none', str(tmp_path / 'w3'),
                             {'test_dataloader.num_workers': 1,
@@ -222,7 +222,7 @@ def test_killed_run_and_dead_worker_resume_without_inference(toy_data, tmp_path,
         raise AssertionError('the model ran, though the predictions were saved')
     monkeypatch.setattr(runner.model, 'test_step', no_forward)
     data = evaluate_robustness(runner, cfg, resolve_protocol(None, ['snow'], [2]), str(results),
-                               checkpoint=str(ckpt), progress=False)
+                               RobustnessOptions(checkpoint=str(ckpt), progress=False))
     assert data['cells'] == _cells(serial)
     assert data['timing']['snow']['2']['resumed_from_predictions'] is True
     assert data['timing']['snow']['2']['inference_s'] > 0  # measured by the killed run

@@ -32,7 +32,7 @@ def _evaluate(rank: int, world: int, config: str, ckpt: str, work: str, options:
 
     from mmrobust.apis import apply_common_args, apply_test_args, build_runner
     from mmrobust.corruptions import resolve_protocol
-    from mmrobust.evaluation import evaluate_robustness
+    from mmrobust.evaluation import RobustnessOptions, evaluate_robustness
     cfg = Config.fromfile(str(REPO / config))
     cfg = apply_common_args(cfg, str(REPO / config), 'none', work, options)
     cfg = apply_test_args(cfg, ckpt, None, False, None, 0, False)
@@ -42,7 +42,8 @@ def _evaluate(rank: int, world: int, config: str, ckpt: str, work: str, options:
     if world > 1:  # NOTE: the ranks start the loop together, whatever their set-up took
         _file_barrier(Path(work), rank, world)
     data = evaluate_robustness(runner, cfg, resolve_protocol(None, corruptions, [1]),
-                               str(Path(work) / 'results.json'), progress=False, **kwargs)
+                               str(Path(work) / 'results.json'),
+                               RobustnessOptions(progress=False, **kwargs))
     return data.get('cells', {})
 
 

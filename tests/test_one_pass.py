@@ -80,7 +80,7 @@ def test_one_pass_parses_annotations_once_and_says_where_the_time_went(toy_data,
 
     from mmrobust.apis import apply_common_args, apply_test_args, build_runner
     from mmrobust.corruptions import resolve_protocol
-    from mmrobust.evaluation import RobustCocoMetric, evaluate_robustness
+    from mmrobust.evaluation import RobustCocoMetric, RobustnessOptions, evaluate_robustness
     counts = {'dataset': 0, 'metric': 0}
     load, init = CocoDataset.load_data_list, RobustCocoMetric.__init__
 
@@ -108,7 +108,8 @@ def test_one_pass_parses_annotations_once_and_says_where_the_time_went(toy_data,
     capsys.readouterr()
     data = evaluate_robustness(runner, cfg, resolve_protocol(None, ['gaussian_noise', 'fog'],
                                                              [1]),
-                               str(tmp_path / 'r.json'), checkpoint=str(ckpt), metric_queue=0)
+                               str(tmp_path / 'r.json'),
+                               RobustnessOptions(checkpoint=str(ckpt), metric_queue=0))
     assert counts == {'dataset': 1, 'metric': 1}
     assert data['loader'] == 'one-pass' and len(data['cells']) == 3
     err = capsys.readouterr().err

@@ -45,7 +45,7 @@ from mmrobust.apis import (
 from mmrobust.corruptions import Protocol, resolve_protocol
 from mmrobust.corruptions.stored import read_stored_set, stored_settings
 from mmrobust.engine.hooks.strict_load import strict_load_outcome
-from mmrobust.evaluation import evaluate_robustness, results_lock
+from mmrobust.evaluation import RobustnessOptions, evaluate_robustness, results_lock
 from mmrobust.evaluation.attacks import attack_names, attack_plan
 from mmrobust.evaluation.coco_metric import COCO_BACKENDS, DEFAULT_ROBUSTNESS_BACKEND
 from mmrobust.evaluation.report import plot, summary_markdown, write_csv
@@ -155,13 +155,12 @@ def main() -> None:
     with explain_registry_errors(), results_lock(results_path, args.wait):
         runner.call_hook('before_run')
         runner.load_or_resume()  # the checkpoint, once for all cells
-        results = evaluate_robustness(
-            runner, cfg, protocol, results_path, seed=args.seed, bgr_compat=args.bgr_compat,
-            corrupted_root=args.corrupted_root, checkpoint=args.checkpoint,
-            save_predictions=args.save_predictions, checkpoint_load=strict_load_outcome(runner),
-            coco_backend=args.coco_backend, metric_queue=args.metric_queue,
-            one_pass=not args.per_cell_loaders, shard=shard, attacks=attacks,
-            per_image=not args.no_per_image_stats)
+        results = evaluate_robustness(runner, cfg, protocol, results_path, RobustnessOptions(
+            seed=args.seed, bgr_compat=args.bgr_compat, corrupted_root=args.corrupted_root,
+            checkpoint=args.checkpoint, save_predictions=args.save_predictions,
+            checkpoint_load=strict_load_outcome(runner), coco_backend=args.coco_backend,
+            metric_queue=args.metric_queue, one_pass=not args.per_cell_loaders, shard=shard,
+            attacks=attacks, per_image=not args.no_per_image_stats))
         runner.call_hook('after_run')
         if runner.rank == 0:
             label = osp.splitext(osp.basename(args.config))[0]

@@ -6,13 +6,18 @@ from .coco_metric import COCO_BACKENDS, RobustCocoMetric, coco_backend
 from .dump import DumpRobustPredictions
 from .metrics import robustness_summary
 from .results import RESULTS_FORMAT, RobustnessResults, load_results, report_dir
-from .robustness import DEFAULT_METRIC_QUEUE, evaluate_robustness, results_lock
+from .robustness import (
+    DEFAULT_METRIC_QUEUE,
+    RobustnessOptions,
+    evaluate_robustness,
+    results_lock,
+)
 from .seg_metric import FastIoUMetric
 from .vq_metric import VQReconstructionMetric
 
 __all__ = ['CLEAN', 'COCO_BACKENDS', 'DEFAULT_METRIC_QUEUE', 'DumpRobustPredictions',
            'FastIoUMetric', 'MetricWorkerError',
            'RESULTS_FORMAT', 'RobustCocoMetric', 'coco_backend', 'PipelineError',
-           'ResultsMismatchError', 'RobustnessResults', 'cell_dataloader', 'evaluate_robustness',
-           'find_loading_step', 'load_results', 'report_dir', 'results_lock',
+           'ResultsMismatchError', 'RobustnessOptions', 'RobustnessResults', 'cell_dataloader',
+           'evaluate_robustness', 'find_loading_step', 'load_results', 'report_dir', 'results_lock',
            'robustness_summary', 'VQReconstructionMetric']

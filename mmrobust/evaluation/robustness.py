@@ -11,11 +11,11 @@ same identity skips finished cells and computes the metrics of saved predictions
 """
 import copy
 import hashlib
+import itertools
 import json
 import os
 import os.path as osp
 import time
-from collections import deque
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -40,22 +40,15 @@ from ..utils.progress import Progress
 from .attacks import AttackError, attack_batch, attack_of_cell
 from .background import (
     InferenceLoop,
-    MetricWorker,
-    MetricWorkerError,
-    PredictionsPicklingError,
-    WorkerDiedError,
     _gather,
-    compute_metrics,
-    load_cell_predictions,
-    predictions_dir,
-    predictions_path,
-    save_cell_predictions,
     saved_cells,
     worker_imports,
 )
 from .cells import (
     CLEAN,
     WORST,
+    Cell,
+    CellSource,
     cell_dataloader,
     check_stored_leaves,
     find_loading_step,
@@ -69,8 +62,9 @@ from .coco_metric import (
     select_coco_backend,
     without_backend,
 )
+from .metric_queue import MetricQueue, cell_label
 from .one_pass import OnePassUnsupported, one_pass_loader
-from .per_image import StatsTarget, stats_dir, stats_path, write_cell_stats
+from .per_image import StatsTarget, stats_path
 from .results import (
     ResultsLayout,
     RobustnessResults,
@@ -149,16 +143,6 @@ def results_lock(path: str, wait: bool = False, poll_s: float = 5.0) -> Iterator
         yield
 
 
-def _numeric(metrics: Dict) -> Dict[str, float]:
-    out = {}
-    for key, value in metrics.items():
-        try:
-            out[key] = float(value)
-        except (TypeError, ValueError):
-            continue  # NOTE: e.g. mmdet's per-class tables; P/mPC/rPC need scalars
-    return out
-
-
 def _loading_share(runner, iterations: int) -> Dict[str, float]:
     """Seconds the test loop waited for data vs. its total, from mmengine's IterTimerHook."""
     if iterations <= 0:  # NOTE: [-0:] would be every iteration of the run
@@ -226,337 +210,249 @@ def _broadcast_plan(plan: Optional[_Plan]) -> _Plan:
 
 
 @dataclass
-class _InFlight:
-    cell: Tuple[str, int]
-    path: str
-    future: Any  # a MetricWorker job: done(), result()
-    timing: Dict[str, Any]
+class RobustnessOptions:
+    """How :func:`evaluate_robustness` runs (``tools/test_robustness.py`` builds it from its
+    arguments).
+
+    Attributes:
+        seed, bgr_compat: of the on-the-fly corruptions (None: not given; 0 and RGB). A stored
+            set (``corrupted_root``, checked by
+            :func:`~mmrobust.corruptions.stored.read_stored_set`) has its own, from its
+            manifest, which the given ones must agree with.
+        corrupted_root: read the cells from this stored set instead of corrupting on the fly.
+        checkpoint: the checkpoint's path (recorded with its SHA-256).
+        save_predictions: also dump each cell's predictions into this folder.
+        progress: a progress bar on rank 0.
+        checkpoint_load: what the strict load found (``StrictLoadHook.last_load``), recorded,
+            and ``partial_load`` with the lists when the checkpoint did not fit exactly.
+        coco_backend: of COCO metrics (default: the metric's own, else
+            :data:`DEFAULT_ROBUSTNESS_BACKEND`); recorded per cell.
+        metric_queue: K cells' metrics in flight in a worker process beside the next cells'
+            inference (:class:`~.metric_queue.MetricQueue`); 0: serial.
+        one_pass: every cell from one dataloader (:mod:`.one_pass`), else one per cell.
+        shard: ``(i, n)``, the i-th of n disjoint shards of the cells
+            (:func:`~.results.shard_cells`; joined by :func:`~.results.merge_results`).
+        attacks: adversarial cells ``(attack, k)`` (:func:`~.attacks.attack_plan`).
+        per_image: keep each cell's per-image statistics (:mod:`.per_image`) for the
+            report's intervals.
+    """
+    seed: Optional[int] = None
+    bgr_compat: Optional[bool] = None
+    corrupted_root: Optional[str] = None
+    checkpoint: str = ''
+    save_predictions: Optional[str] = None
+    progress: bool = True
+    checkpoint_load: Optional[Dict] = None
+    coco_backend: Optional[str] = None
+    metric_queue: int = DEFAULT_METRIC_QUEUE
+    one_pass: bool = True
+    shard: Optional[Tuple[int, int]] = None
+    attacks: Optional[Dict[str, Dict]] = None
+    per_image: bool = True
+
+
+@dataclass
+class _CellEvaluators:
+    """Each cell's evaluator config: the config's, its COCO backend chosen, FastIoU for IoU,
+    per-image statistics on, its outputs made the cell's own, and the predictions dump."""
+    evaluator: Any
+    backends: List[str]
+    save_predictions: Optional[str]
+
+    @classmethod
+    def build(cls, cfg: Config, opts: RobustnessOptions) -> '_CellEvaluators':
+        # NOTE: an unknown or missing backend stops here, before any inference
+        evaluator, backends = select_coco_backend(copy.deepcopy(cfg.test_evaluator),
+                                                  opts.coco_backend, DEFAULT_ROBUSTNESS_BACKEND)
+        evaluator, _ = use_fast_iou(evaluator)  # NOTE: mmseg's numbers, cheaper per image
+        if opts.per_image:
+            for entry in _metric_entries(evaluator):
+                if entry.get('type') in ('RobustCocoMetric', 'FastIoUMetric'):
+                    entry['per_image'] = True
+        return cls(evaluator, list(backends), opts.save_predictions)
+
+    def __call__(self, cell: Cell) -> Tuple[Any, List[Dict]]:
+        """The evaluator config of a cell and its metric configs, in the evaluator's order."""
+        evaluator = cell_metric_outputs(copy.deepcopy(self.evaluator), cell)
+        if self.save_predictions:
+            evaluator = list(evaluator) if isinstance(evaluator, (list, tuple)) else [evaluator]
+            evaluator.append(dict(type='DumpRobustPredictions', out_file_path=(
+                ResultsLayout.cell_file(self.save_predictions, *cell, 'pkl'))))
+        return evaluator, _metric_entries(evaluator)
+
+
+def _resolve_source(runner, cfg: Config, opts: RobustnessOptions
+                    ) -> Tuple[CellSource, Optional[Dict]]:
+    """Where the cells' images come from, and the stored set's provenance; stops before any
+    inference on a pipeline that cannot be corrupted or attacked, or a bad shard."""
+    if opts.metric_queue < 0:
+        raise ValueError(f'metric_queue must be 0 (serial) or more, got {opts.metric_queue}')
+    if opts.shard is not None:
+        parse_shard(f'{opts.shard[0]}/{opts.shard[1]}')  # NOTE: raises ShardError
+    for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
+        find_loading_step(list(dataset['pipeline']))
+    if opts.attacks:  # NOTE: stop before any inference when the attacks cannot run
+        check_attack_pipeline(cfg)
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        for name in opts.attacks:
+            attack_of_cell(opts.attacks, name, 1).check_model(model)
+    root = opts.corrupted_root
+    if root is None:
+        return CellSource(0 if opts.seed is None else opts.seed, bool(opts.bgr_compat)), None
+    manifest = read_stored_set(root)  # NOTE: the set's own seed and colour order are recorded
+    seed, bgr_compat = stored_settings(root, manifest, opts.seed, opts.bgr_compat)
+    if manifest is None:
+        print_log(f'{root} has no {MANIFEST} (not written by make_corrupted.py): how its cells '
+                  'were made is unknown; the results record that (stored_set) and the seed / '
+                  f'colour mode given ({seed}, bgr_compat={bgr_compat})', logger='current',
+                  level=30)
+    return CellSource(seed, bgr_compat, root), stored_set_identity(manifest)
+
+
+def _open_results(cfg: Config, protocol: Protocol, layout: ResultsLayout, opts: RobustnessOptions,
+                  source: CellSource, stored_set: Optional[Dict], backends: List[str]
+                  ) -> Tuple[Optional[RobustnessResults], _Plan]:
+    """Rank 0 opens (or resumes) the results file and plans the cells; every rank gets the
+    plan (or rank 0's error)."""
+    results: Optional[RobustnessResults] = None
+    plan: Optional[_Plan] = None
+    if get_dist_info()[0] == 0:  # NOTE: only rank 0 reads the results file (it may be local)
+        try:
+            identity = make_identity(
+                protocol, source.seed, source.bgr_compat, stored_set=stored_set,
+                corrupted_root=source.corrupted_root, attacks=opts.attacks,
+                config=cfg.filename, config_sha256=config_sha256(cfg),
+                checkpoint=opts.checkpoint, scope=cfg.get('default_scope'), shard=opts.shard,
+                checkpoint_load=opts.checkpoint_load)
+            results = RobustnessResults(layout.results_path, identity)
+            if backends:  # the latest run's; each cell records its own in its timing
+                results.data['coco_backend'] = ', '.join(backends)
+            plan = _plan_on_rank0(results, layout.predictions, opts.shard)
+        except Exception as err:
+            plan = _Plan(infer=[], error=err)
+    return results, _broadcast_plan(plan)
+
+
+def _stats_targets(cfg: Config, results: Optional[RobustnessResults], layout: ResultsLayout,
+                   source: CellSource, per_image: bool):
+    """Where each cell's per-image statistics go (rank 0; None: not kept)."""
+    def target(cell: Cell) -> Optional[StatsTarget]:
+        if not per_image or results is None:
+            return None
+        return StatsTarget(stats_path(layout.per_image, *cell), cell,
+                           evaluation_sha256(results.identity),
+                           _image_roots(cfg, source.corrupted_root, cell))
+    return target
 
 
 def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: str,
-                        seed: Optional[int] = None, bgr_compat: Optional[bool] = None,
-                        corrupted_root: Optional[str] = None,
-                        checkpoint: str = '', save_predictions: Optional[str] = None,
-                        progress: bool = True, checkpoint_load: Optional[Dict] = None,
-                        coco_backend: Optional[str] = None,
-                        metric_queue: int = DEFAULT_METRIC_QUEUE, one_pass: bool = True,
-                        shard: Optional[Tuple[int, int]] = None,
-                        attacks: Optional[Dict[str, Dict]] = None,
-                        per_image: bool = True) -> Dict:
-    """Evaluate the clean set and every cell of ``protocol``; returns the results dict (rank 0;
-    an empty dict on the other ranks).
+                        options: Optional[RobustnessOptions] = None) -> Dict:
+    """Evaluate the clean set, every cell of ``protocol`` and the attack cells; returns the
+    results dict (rank 0; an empty dict on the other ranks).
 
-    ``seed`` and ``bgr_compat`` (None: not given) default to 0 and RGB on the fly; a stored set
-    (``corrupted_root``, checked by :func:`~mmrobust.corruptions.stored.read_stored_set`) has
-    its own, from its manifest, which the given ones must agree with. The results identity
-    (:func:`~.results.make_identity`) records them, the set's provenance and the attacks.
-
-    ``runner`` has its model built and its checkpoint loaded already (once for all cells);
-    ``checkpoint_load`` (what the strict load found: tensors matched, missing / unexpected keys,
-    errors; ``StrictLoadHook.last_load``) is recorded in the results, and ``partial_load`` with
-    the lists when the checkpoint did not fit the model exactly.
-    COCO metrics are evaluated by ``coco_backend`` (default: the metric's own ``backend``, else
-    :data:`DEFAULT_ROBUSTNESS_BACKEND`); the library and its version are recorded per cell.
-
-    With ``metric_queue`` K > 0 a cell's metric is computed by a worker process from its saved
-    predictions while the next cells infer, at most K cells in flight (the loop waits when the
-    worker falls behind); K = 0 computes each cell's metric right after its inference. Each
-    cell's timing records ``inference_s``, ``metric_s`` and ``wait_s`` (how long the loop
-    waited for that metric); the run's ``time`` where this run's time went.
-
-    ``shard=(i, n)`` evaluates the i-th of n disjoint shards of the cells
-    (:func:`~.results.shard_cells`; the clean set in shard 0); the results record it, and
-    :func:`~.results.merge_results` joins the shards' files.
-
-    ``one_pass`` (default) serves every cell from one dataloader (the dataset built once, its
-    workers kept; the same inputs as a dataloader per cell, which ``one_pass=False`` builds).
-
-    ``attacks`` (:func:`~.attacks.attack_plan`) adds adversarial cells ``(attack, k)``, the k-th
-    epsilon: the clean images through a dataloader of their own, attacked in the model's data
-    preprocessor (:func:`~.attacks.attack_batch`); they are in the results' ``attacks`` and
-    ``cells``, not in mPC / rPC.
-
-    ``per_image`` (default) keeps each cell's per-image statistics (:mod:`.per_image`) in
-    ``<results stem>_per_image/``, from which ``tools/robustness_report.py`` computes bootstrap
-    intervals; the COCO metric then matches each image in Python once more under
-    faster-coco-eval (in the metric worker, beside inference).
+    ``runner`` has its model built and its checkpoint loaded already (once for all cells). The
+    results identity (:func:`~.results.make_identity`) records what is evaluated; a rerun with
+    the same identity skips the recorded cells and computes the metrics of saved predictions.
+    Each cell's timing records ``inference_s``, ``metric_s`` and ``wait_s``; the run's
+    ``time`` where this run's time went. ``options``: :class:`RobustnessOptions`.
 
     Raises:
         MetricWorkerError: the metric worker died or its metric failed; the cell's predictions
             are kept and a rerun resumes from them.
     """
-
-    if metric_queue < 0:
-        raise ValueError(f'metric_queue must be 0 (serial) or more, got {metric_queue}')
-    if shard is not None:
-        parse_shard(f'{shard[0]}/{shard[1]}')  # NOTE: raises ShardError when out of range
-    for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
-        find_loading_step(list(dataset['pipeline']))
-    stored_set = None
-    if corrupted_root is not None:  # NOTE: the set's own seed and colour order are recorded
-        manifest = read_stored_set(corrupted_root)
-        seed, bgr_compat = stored_settings(corrupted_root, manifest, seed, bgr_compat)
-        stored_set = stored_set_identity(manifest)
-        if manifest is None:
-            print_log(f'{corrupted_root} has no {MANIFEST} (not written by make_corrupted.py): '
-                      'how its cells were made is unknown; the results record that (stored_set) '
-                      f'and the seed / colour mode given ({seed}, bgr_compat={bgr_compat})',
-                      logger='current', level=30)
-    else:
-        seed = 0 if seed is None else seed
-        bgr_compat = bool(bgr_compat)
-    if attacks:  # NOTE: stop before any inference when the attacks cannot run
-        check_attack_pipeline(cfg)
-        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
-        for name in attacks:
-            attack_of_cell(attacks, name, 1).check_model(model)
-    # NOTE: an unknown or missing backend stops here, before any inference
-    cell_evaluator, backends = select_coco_backend(copy.deepcopy(cfg.test_evaluator),
-                                                   coco_backend, DEFAULT_ROBUSTNESS_BACKEND)
-    cell_evaluator, _ = use_fast_iou(cell_evaluator)  # NOTE: mmseg's numbers, cheaper per image
-    if per_image:
-        for entry in _metric_entries(cell_evaluator):
-            if entry.get('type') in ('RobustCocoMetric', 'FastIoUMetric'):
-                entry['per_image'] = True
-    writes_files = side_file_metrics(cell_evaluator)  # NOTE: format_only stops here
-    if writes_files and one_pass:
+    opts = options or RobustnessOptions()
+    source, stored_set = _resolve_source(runner, cfg, opts)
+    evaluators = _CellEvaluators.build(cfg, opts)
+    writes_files = side_file_metrics(evaluators.evaluator)  # NOTE: format_only stops here
+    if writes_files and opts.one_pass:
         print_log(f'one dataloader for every cell is not used: {writes_files}', logger='current')
     # NOTE: every rank, before any inference: a metric the worker could not build stops here
-    imports = worker_imports(cell_evaluator, cfg.get('custom_imports'),
-                             cfg.get('default_scope')) if metric_queue else []
-    stats_folder = stats_dir(results_path) if per_image else None
+    imports = worker_imports(evaluators.evaluator, cfg.get('custom_imports'),
+                             cfg.get('default_scope')) if opts.metric_queue else []
+    layout = ResultsLayout(results_path)
     rank, _ = get_dist_info()
-    folder = predictions_dir(results_path)
-    results: Optional[RobustnessResults] = None
-    plan: Optional[_Plan] = None
-    if rank == 0:  # NOTE: only rank 0 reads the results file (it may be node-local)
-        try:
-            identity = make_identity(
-                protocol, seed, bgr_compat, stored_set=stored_set, corrupted_root=corrupted_root,
-                attacks=attacks, config=cfg.filename, config_sha256=config_sha256(cfg),
-                checkpoint=checkpoint, scope=cfg.get('default_scope'), shard=shard,
-                checkpoint_load=checkpoint_load)
-            results = RobustnessResults(results_path, identity)
-            if backends:  # the latest run's; each cell records its own in its timing
-                results.data['coco_backend'] = ', '.join(backends)
-            plan = _plan_on_rank0(results, folder, shard)
-        except Exception as err:
-            plan = _Plan(infer=[], error=err)
-    plan = _broadcast_plan(plan)
-
-    def metric_cfgs(cell: Tuple[str, int]) -> Tuple[Any, List[Dict]]:
-        """The evaluator config of a cell and its metric configs, in the evaluator's order."""
-        evaluator = cell_metric_outputs(copy.deepcopy(cell_evaluator), cell)
-        if save_predictions:
-            evaluator = list(evaluator) if isinstance(evaluator, (list, tuple)) else [evaluator]
-            evaluator.append(dict(type='DumpRobustPredictions', out_file_path=(
-                ResultsLayout.cell_file(save_predictions, *cell, 'pkl'))))
-        return evaluator, _metric_entries(evaluator)
-
-    progress_bar = Progress(0, 'image', protocol.name, enabled=progress and rank == 0)
-    poll_s = RANK0_POLL_S
-    in_flight: deque = deque()
-    worker = MetricWorker(cfg.get('default_scope'), imports) if metric_queue and rank == 0 \
-        else None
-
-    def stats_target(cell: Tuple[str, int]) -> Optional[StatsTarget]:
-        """Where the cell's per-image statistics go (rank 0; None: not kept)."""
-        if stats_folder is None:
-            return None
-        assert results is not None
-        return StatsTarget(stats_path(stats_folder, *cell), cell,
-                           evaluation_sha256(results.identity),
-                           _image_roots(cfg, corrupted_root, cell))
-
-    def record(cell: Tuple[str, int], metrics: Dict, timing: Dict, path: Optional[str]) -> None:
-        assert results is not None
-        if backends:
-            timing['metric_backend'] = ', '.join(backends)
-        # NOTE: this run's seconds on the cell: its inference and the wait for its metric
-        timing['wall_s'] = round((0.0 if timing.get('resumed_from_predictions') else
-                                  timing.get('inference_s', 0.0)) + timing['wait_s'], 3)
-        target = stats_target(cell)
-        if target is not None:  # NOTE: before the cell is recorded: a recorded cell has its file
-            write_cell_stats(metrics, target)  # (the worker's metrics have none left)
-        results.record(*cell, _numeric(metrics), timing)
-        if path and osp.exists(path):
-            os.remove(path)  # NOTE: only once the metrics are in the results file
-        shown = ', '.join(f'{k}: {v:.4f}' for k, v in _numeric(metrics).items()
-                          if k.endswith(('bbox_mAP', 'segm_mAP', 'mIoU')))
-        print_log(f'{cell[0]} {cell[1]}: {shown or "recorded"} (metric {timing["metric_s"]} s, '
-                  f'the loop waited {timing["wait_s"]} s)', logger='current')
-
-    def settle(block: bool) -> None:
-        """Record the finished metrics in order; ``block``: wait for the oldest one."""
-        while in_flight and (block or in_flight[0].future.done()):
-            job = in_flight.popleft()
-            start = time.perf_counter()
-            try:
-                metrics, seconds, saved_timing = job.future.result()
-            except WorkerDiedError as err:
-                raise MetricWorkerError(
-                    f'the metric worker died while computing the metrics of cell {job.cell[0]} '
-                    f'{job.cell[1]} ({err}); its predictions are kept in {job.path}. Rerun the '
-                    'same command: it resumes and computes the metric of that cell from them, '
-                    'without inference.') from err
-            except Exception as err:
-                raise MetricWorkerError(
-                    f'the metric of cell {job.cell[0]} {job.cell[1]} failed in the metric worker '
-                    f'({type(err).__name__}: {err}); its predictions are kept in {job.path}, '
-                    'and a rerun computes the metric from them.') from err
-            job.timing = {**saved_timing, **job.timing, 'metric_s': round(seconds, 3)}
-            job.timing['wait_s'] = round(job.timing.get('wait_s', 0.0)
-                                         + time.perf_counter() - start, 3)
-            record(job.cell, metrics, job.timing, job.path)
-            block = False
-
-    def wait_for_oldest() -> None:
-        """At most ``poll_s`` for the oldest cell in flight, counted as that cell's wait."""
-        assert worker is not None
-        start = time.perf_counter()
-        worker.wait(poll_s)
-        oldest = in_flight[0].timing
-        oldest['wait_s'] = round(oldest.get('wait_s', 0.0) + time.perf_counter() - start, 3)
-
-    def hand_over(cell: Tuple[str, int], path: str, timing: Dict) -> Iterator[None]:
-        """Queue a cell's saved predictions for the worker; yields while K are in flight (each
-        yield after waiting at most ``poll_s`` for the oldest)."""
-        settle(block=False)
-        while len(in_flight) >= metric_queue:
-            wait_for_oldest()
-            settle(block=False)
-            if len(in_flight) >= metric_queue:
-                yield
-        try:
-            future = worker.submit(path, metric_cfgs(cell)[1], stats_target(cell))
-        except WorkerDiedError as err:
-            while in_flight:  # NOTE: names the cell the worker held when it died
-                settle(block=True)
-            raise MetricWorkerError(
-                f'the metric worker died before it took cell {cell[0]} {cell[1]} ({err}); its '
-                f'predictions are kept in {path}. Rerun the same command: it resumes from them '
-                'without inference.') from None
-        in_flight.append(_InFlight(cell, path, future, timing))
-
-    def finish(cell: Tuple[str, int], parts: List[list], metrics_of_loop: List[Any],
-               dataset_meta: Optional[Dict], timing: Dict) -> Iterator[None]:
-        """Rank 0, after a cell's inference: its metric now (serial) or handed to the worker;
-        yields while it waits (see :func:`_rank0_until_done`)."""
-        assert results is not None
-        if worker is None:  # serial: the metric right after the cell's inference
-            yield from compute_here(cell, parts, metrics_of_loop, timing)
-            return
-        path = predictions_path(folder, *cell)
-        start = time.perf_counter()
-        try:
-            yield from _in_thread(save_cell_predictions, poll_s, path,
-                                  identity_sha256(results.identity), *cell, parts,
-                                  dataset_meta, timing)
-        except PredictionsPicklingError as err:
-            print_log(f'{_label(cell)}: a metric keeps what a predictions file does not hold '
-                      f'({err}); this cell\'s metric is computed here, right after its '
-                      'inference (not beside the next cells; a killed run infers it again)',
-                      logger='current', level=30)
-            yield from compute_here(cell, parts, metrics_of_loop, timing)
-            return
-        timing['save_s'] = round(time.perf_counter() - start, 3)
-        yield from hand_over(cell, path, timing)
-
-    def compute_here(cell: Tuple[str, int], parts: List[list], metrics_of_loop: List[Any],
-                     timing: Dict) -> Iterator[None]:
-        """Rank 0: the cell's metric in this process, by the loop's own metrics."""
-        start = time.perf_counter()
-        for metric, entry in zip(metrics_of_loop, metric_cfgs(cell)[1]):
-            for key in ('out_file_path', 'outfile_prefix'):  # NOTE: the one-pass loop's
-                if entry.get(key):  # metrics serve every cell; these are the cell's own
-                    setattr(metric, key, entry[key])
-        metrics = yield from _in_thread(compute_metrics, poll_s, metrics_of_loop, parts)
-        timing['metric_s'] = timing['wait_s'] = round(time.perf_counter() - start, 3)
-        record(cell, metrics, timing, None)
-
-    def resume_saved(cell: Tuple[str, int], path: str) -> Iterator[None]:
-        """Rank 0: a killed run's cell, from its saved predictions."""
-        if worker is not None:
-            yield from hand_over(cell, path, {'resumed_from_predictions': True})
-            return
-        start = time.perf_counter()
-        payload = load_cell_predictions(path)
-        built = runner.build_evaluator(metric_cfgs(cell)[0]).metrics
-        metrics = yield from _in_thread(compute_metrics, poll_s, built, payload['parts'],
-                                        payload['dataset_meta'])
-        seconds = round(time.perf_counter() - start, 3)
-        record(cell, metrics, {**payload['timing'], 'resumed_from_predictions': True,
-                               'metric_s': seconds, 'wait_s': seconds}, path)
-
-    def drain() -> Iterator[None]:
-        """Rank 0: every metric in flight recorded."""
-        settle(block=False)
-        while in_flight:
-            wait_for_oldest()
-            settle(block=False)
-            if in_flight:
-                yield
-
+    results, plan = _open_results(cfg, protocol, layout, opts, source, stored_set,
+                                  evaluators.backends)
+    queue = MetricQueue(runner, results, opts.metric_queue, layout.predictions, evaluators,
+                        _stats_targets(cfg, results, layout, source, opts.per_image),
+                        evaluators.backends, cfg.get('default_scope'), imports, RANK0_POLL_S
+                        ) if results is not None else None
+    progress_bar = Progress(0, 'image', protocol.name, enabled=opts.progress and rank == 0)
     run_start = time.perf_counter()
-    loader_kind = 'one-pass'
     try:
         for cell, path in plan.saved.items():  # NOTE: rank 0's plan, broadcast to every rank
-            _rank0_until_done(resume_saved(cell, path) if rank == 0 else None)
-
-        attacked = [c for c in plan.infer if is_attack_cell(c[0])]
-        corrupted = [c for c in plan.infer if not is_attack_cell(c[0])]
-        if corrupted:
-            inference = None
-            if writes_files:
-                loader_kind = f'per-cell ({writes_files})'
-            elif one_pass:
-                try:
-                    inference = _one_pass_cells(runner, cfg, corrupted, metric_cfgs(
-                        corrupted[0])[0], seed, bgr_compat, corrupted_root, progress_bar)
-                except OnePassUnsupported as err:
-                    loader_kind = f'per-cell ({err})'
-                    print_log(f'one dataloader cannot serve every cell ({err}): each cell builds '
-                              'its own', logger='current', level=30)
-            else:
-                loader_kind = 'per-cell (asked for)'
-            if inference is None:
-                inference = _per_cell_cells(runner, cfg, corrupted, metric_cfgs, seed,
-                                            bgr_compat, corrupted_root, progress_bar)
-            for cell, parts, loop_metrics, dataset_meta, timing in inference:
-                _rank0_until_done(finish(cell, parts, loop_metrics, dataset_meta, timing)
-                                  if rank == 0 else None)
-        if attacked:
-            assert attacks
-            for cell, parts, loop_metrics, dataset_meta, timing in _per_cell_cells(
-                    runner, cfg, attacked, metric_cfgs, seed, bgr_compat, None, progress_bar,
-                    attacks):
-                _rank0_until_done(finish(cell, parts, loop_metrics, dataset_meta, timing)
-                                  if rank == 0 else None)
-        _rank0_until_done(drain() if rank == 0 else None)
+            _rank0_until_done(queue.resume_saved(cell, path) if queue else None)
+        loader_kind = _infer_cells(runner, cfg, plan, opts, source, evaluators, writes_files,
+                                   queue, progress_bar)
+        _rank0_until_done(queue.drain() if queue else None)
     except BaseException:
-        if worker is not None:
-            worker.close(cancel=True)
+        if queue is not None:
+            queue.close(cancel=True)
         raise
     finally:
         progress_bar.close()
-    if worker is not None:
-        worker.close()
-    if rank == 0 and osp.isdir(folder) and not os.listdir(folder):
-        os.rmdir(folder)
+    if queue is not None:
+        queue.close()
+    if rank == 0 and osp.isdir(layout.predictions) and not os.listdir(layout.predictions):
+        os.rmdir(layout.predictions)
     barrier()
-    if rank == 0:
-        assert results is not None
-        _add_worst_case(results)
-        results.data['loader'] = loader_kind
-        if all(results.done(c, s) for c, s in planned_cells(results.identity)):
-            results.data.pop('partial', None)  # NOTE: a partial merge, completed by this run
-        summary = _time_summary(results, plan, time.perf_counter() - run_start)
-        results.data['time'] = summary
-        results.save()
-        print_log('where the time went: ' + ', '.join(
-            f'{k[:-2]} {v} s ({summary["shares"][k]:.0%})' for k, v in summary.items()
-            if k in summary['shares']) + f'; wall {summary["wall_s"]} s', logger='current')
+    if results is not None:
+        _finish_results(results, plan, loader_kind, time.perf_counter() - run_start)
     return results.data if results is not None else {}
+
+
+def _infer_cells(runner, cfg: Config, plan: _Plan, opts: RobustnessOptions, source: CellSource,
+                 evaluators: _CellEvaluators, writes_files: Optional[str],
+                 queue: Optional[MetricQueue], progress_bar: Progress) -> str:
+    """Every planned cell's inference, each handed to rank 0's metric queue; the corruption
+    cells from one dataloader where it can serve them all, the attack cells from their own.
+    Returns how the corruption cells were loaded."""
+    attacked = [c for c in plan.infer if is_attack_cell(c[0])]
+    corrupted = [c for c in plan.infer if not is_attack_cell(c[0])]
+    loader_kind = 'one-pass'
+    inference = None
+    if corrupted:
+        if writes_files:
+            loader_kind = f'per-cell ({writes_files})'
+        elif opts.one_pass:
+            try:
+                inference = _one_pass_cells(runner, cfg, corrupted, evaluators(corrupted[0])[0],
+                                            source.seed, source.bgr_compat,
+                                            source.corrupted_root, progress_bar)
+            except OnePassUnsupported as err:
+                loader_kind = f'per-cell ({err})'
+                print_log(f'one dataloader cannot serve every cell ({err}): each cell builds '
+                          'its own', logger='current', level=30)
+        else:
+            loader_kind = 'per-cell (asked for)'
+        if inference is None:
+            inference = _per_cell_cells(runner, cfg, corrupted, evaluators, source.seed,
+                                        source.bgr_compat, source.corrupted_root, progress_bar)
+    if attacked:
+        assert opts.attacks
+        attacks = _per_cell_cells(runner, cfg, attacked, evaluators, source.seed,
+                                  source.bgr_compat, None, progress_bar, opts.attacks)
+        inference = attacks if inference is None else itertools.chain(inference, attacks)
+    for cell, parts, loop_metrics, dataset_meta, timing in inference or ():
+        _rank0_until_done(queue.finish(cell, parts, loop_metrics, dataset_meta, timing)
+                          if queue is not None else None)
+    return loader_kind
+
+
+def _finish_results(results: RobustnessResults, plan: _Plan, loader_kind: str,
+                    wall: float) -> None:
+    """Rank 0, every cell recorded: the worst case over attacks, how the cells were loaded,
+    where the time went; the file saved."""
+    _add_worst_case(results)
+    results.data['loader'] = loader_kind
+    if all(results.done(c, s) for c, s in planned_cells(results.identity)):
+        results.data.pop('partial', None)  # NOTE: a partial merge, completed by this run
+    summary = _time_summary(results, plan, wall)
+    results.data['time'] = summary
+    results.save()
+    print_log('where the time went: ' + ', '.join(
+        f'{k[:-2]} {v} s ({summary["shares"][k]:.0%})' for k, v in summary.items()
+        if k in summary['shares']) + f'; wall {summary["wall_s"]} s', logger='current')
 
 
 def _add_worst_case(results: RobustnessResults) -> None:
@@ -612,34 +508,6 @@ def _rank0_until_done(steps: Optional[Iterator[None]]) -> None:
             raise state
 
 
-def _in_thread(fn: Any, poll_s: float, *args: Any) -> Iterator[None]:
-    """``fn(*args)`` in a thread, yielding every ``poll_s`` until it ends; returns its value
-    (or raises its error). The thread has ended when this returns, so no dataloader forks
-    beside it."""
-    import threading
-    outcome: Dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome['value'] = fn(*args)
-        except BaseException as err:  # NOTE: raised below, in the loop's thread
-            outcome['error'] = err
-    thread = threading.Thread(target=run, name='mmrobust-rank0-step', daemon=True)
-    thread.start()
-    while True:
-        thread.join(poll_s)
-        if not thread.is_alive():
-            break
-        yield
-    if 'error' in outcome:
-        raise outcome['error']
-    return outcome.get('value')
-
-
-def _label(cell: Tuple[str, int]) -> str:
-    return f'{cell[0]} {cell[1]}' if cell[0] != CLEAN else CLEAN
-
-
 def _time_summary(results: RobustnessResults, plan: _Plan, wall: float) -> Dict[str, Any]:
     """This run's seconds: inference (of which waiting for data), waiting for metrics, saving
     predictions and the rest (set-up: the dataset, workers, model), with their shares."""
@@ -667,7 +535,7 @@ def _per_cell_cells(runner, cfg: Config, cells: List[Tuple[str, int]], metric_cf
         check_stored_leaves(cfg, corrupted_root, cells)
     counted = False
     for cell in cells:
-        progress_bar.describe(_label(cell))
+        progress_bar.describe(cell_label(cell))
         attacked = is_attack_cell(cell[0])
         clean = cell[0] == CLEAN or attacked
         loader = cell_dataloader(cfg, None if clean else cell[0], cell[1], seed, bgr_compat,
@@ -796,7 +664,7 @@ def _iterate_one_pass(runner, loop, cells, per_cell: int, images: int, world: in
     batches = iter(loop.dataloader)
     index = 0
     for cell in cells:
-        progress_bar.describe(_label(cell))
+        progress_bar.describe(cell_label(cell))
         start, shown = time.perf_counter(), 0
         for b in range(per_cell):
             batch = next(batches)

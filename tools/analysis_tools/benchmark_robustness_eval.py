@@ -245,15 +245,15 @@ def measure_loop(cfg: Config, cells: List[Tuple[str, int]], results: str,
     """(iv) tools/test_robustness.py's code path: seconds per cell (its results' wall_s: the
     cell's inference and the loop's wait for its metric), its metric seconds and waits."""
     from mmrobust.apis import apply_common_args, build_runner
-    from mmrobust.evaluation import evaluate_robustness
+    from mmrobust.evaluation import RobustnessOptions, evaluate_robustness
     if osp.exists(results):
         os.remove(results)
     start = time.perf_counter()
     cfg = apply_common_args(cfg, cfg.filename, 'none', cfg.work_dir, None)
     runner = build_runner(cfg, ('test_dataloader', ))
     runner.call_hook('before_run')
-    data = evaluate_robustness(runner, cfg, _protocol(cells), results, progress=False,
-                               **options)
+    data = evaluate_robustness(runner, cfg, _protocol(cells), results,
+                               RobustnessOptions(progress=False, **options))
     total = time.perf_counter() - start
     timing = {f'{c}/{s}': data['timing'][c][str(s)] for c, s in [(CLEAN, 0)] + cells}
     return {'total_s': total, 'cells': {k: t['wall_s'] for k, t in timing.items()},

@@ -33,7 +33,7 @@ from mmrobust.apis import (
     build_runner,
 )
 from mmrobust.corruptions import resolve_protocol
-from mmrobust.evaluation import cell_dataloader, evaluate_robustness
+from mmrobust.evaluation import RobustnessOptions, cell_dataloader, evaluate_robustness
 
 
 def main() -> None:
@@ -75,7 +75,7 @@ def main() -> None:
 
         single = resolve_protocol(None, [corruption], [severity])
         results = evaluate_robustness(runner, cfg, single, f'{work_dir}/{corruption}.json',
-                                      progress=False)
+                                      RobustnessOptions(progress=False))
         timing = results['timing'][corruption][str(severity)]
         wall = timing['wall_s']
         print(f"| {corruption} {severity} | {pipeline_s:.2f} | {wall:.2f} | "
