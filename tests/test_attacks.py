@@ -358,7 +358,7 @@ def test_cost_benchmark_prints_the_ratio_to_a_clean_cell(toy_data, in_repo):
 
 
 def test_a_test_pipeline_without_annotations_stops_the_tool_before_inference():
-    from mmrobust.evaluation.robustness import check_attack_pipeline
+    from mmrobust.evaluation.attacks import check_attack_pipeline
     cfg = Config.fromfile(str(REPO / SEG))
     check_attack_pipeline(cfg)  # the toy pipeline loads them
     pipeline = cfg.test_dataloader.dataset.pipeline

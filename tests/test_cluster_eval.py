@@ -285,7 +285,7 @@ def test_a_metric_that_writes_files_reads_only_its_cells(toy_data, tmp_path, mon
 
 
 def test_format_only_is_refused_and_outputs_are_made_each_cells_own():
-    from mmrobust.evaluation.robustness import cell_metric_outputs, side_file_metrics
+    from mmrobust.evaluation.cell_evaluators import cell_metric_outputs, side_file_metrics
     from mmrobust.utils.errors import ConfigError
     with pytest.raises(ConfigError, match='CocoMetric is format_only'):
         side_file_metrics([dict(type='IoUMetric'), dict(type='CocoMetric', format_only=True)])

@@ -34,11 +34,13 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Uni
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from mmengine.config import Config
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 
 from ..models import adversarial
 from ..models.data_preprocessors import PixelSpace, valid_mask
+from ..utils.config_checks import leaf_datasets
 from ..utils.errors import UsageError
 from .cells import (
     ATTACKS,
@@ -53,7 +55,8 @@ from .cells import (
 
 __all__ = ['ATTACKS', 'NORMS', 'Attack', 'AttackError', 'AttackResult', 'annotations_after_resize',
            'attack_batch', 'attack_cells', 'attack_loss', 'attack_names', 'attack_of_cell',
-           'attack_plan', 'gt_at_file_scale', 'is_attack_cell', 'parse_epsilon', 'transform_names']
+           'attack_plan', 'check_attack_pipeline', 'gt_at_file_scale', 'is_attack_cell',
+           'parse_epsilon', 'transform_names']
 
 #: whether each family starts from a random point of the ε-ball by default, as its paper does:
 #: FGSM steps from the image (Goodfellow et al. 2015); PGD (Madry et al. 2018), SegPGD (Gu et
@@ -554,3 +557,15 @@ def attack_cells(plan: Mapping[str, Dict]) -> List[Tuple[str, int]]:
 def attack_of_cell(plan: Mapping[str, Dict], name: str, index: int) -> Attack:
     entry = plan[name]
     return Attack.from_name(name, entry['epsilons'][index - 1], **entry['settings'])
+
+
+def check_attack_pipeline(cfg: Config) -> None:
+    """Attacks ascend the training loss: the test pipeline must load the ground truth."""
+    for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
+        kinds = transform_names(dataset.get('pipeline', []))
+        if not any(k.startswith('LoadAnnotations') for k in kinds):
+            raise AttackError(
+                'the attacks ascend the model\'s training loss, which needs the ground truth, '
+                f'and the test pipeline does not load it: {kinds}. Add '
+                "dict(type='LoadAnnotations', ...) before the Pack step of "
+                'test_dataloader.dataset.pipeline')

@@ -28,8 +28,8 @@ from .results import ResultsLayout
 __all__ = ['PREDICTIONS_FORMAT', 'InferenceLoop', 'MetricClassError', 'MetricWorker',
            'PredictionsPicklingError',
            'MetricWorkerError', 'WorkerDiedError', 'worker_imports',
-           'compute_metrics', 'load_cell_predictions', 'predictions_dir', 'predictions_path',
-           'read_predictions_header', 'save_cell_predictions', 'saved_cells']
+           'compute_metrics', 'gather_parts', 'load_cell_predictions', 'predictions_dir',
+           'predictions_path', 'read_predictions_header', 'save_cell_predictions', 'saved_cells']
 
 PREDICTIONS_FORMAT = 'mmrobust-cell-predictions/2'
 #: Test hook: seconds the metric worker sleeps before each cell (to kill a run mid-metric).
@@ -64,14 +64,14 @@ class InferenceLoop(TestLoop):
         for idx, data_batch in enumerate(self.dataloader):
             self.run_iter(idx, data_batch)
         size = len(self.dataloader.dataset)
-        parts = [_gather(metric, size) for metric in self.evaluator.metrics]
+        parts = [gather_parts(metric, size) for metric in self.evaluator.metrics]
         # NOTE: the metrics are logged when they are recorded, maybe a cell later
         self.runner.call_hook('after_test_epoch', metrics={})
         self.runner.call_hook('after_test')
         return parts if get_dist_info()[0] == 0 else None
 
 
-def _gather(metric: Any, size: int) -> Optional[list]:
+def gather_parts(metric: Any, size: int) -> Optional[list]:
     """``BaseMetric.evaluate`` up to ``compute_metrics``: the results of every rank on rank 0."""
     if not metric.results:
         print_log(f'{type(metric).__name__} got no results from `process`.', logger='current',
@@ -478,10 +478,10 @@ def worker_imports(evaluator_cfg: Any, custom_imports: Optional[Mapping], scope:
 
     from mmengine.registry import METRICS
 
-    from .coco_metric import _metric_entries
+    from .coco_metric import metric_entries
     modules = (custom_imports or {}).get('imports') or []
     modules = [modules] if isinstance(modules, str) else list(modules)
-    for entry in _metric_entries(evaluator_cfg):
+    for entry in metric_entries(evaluator_cfg):
         kind = entry.get('type')
         with METRICS.switch_scope_and_registry(scope) as registry:  # NOTE: as build() finds it
             cls = kind if isinstance(kind, type) else registry.get(kind)

@@ -27,7 +27,7 @@ from ..utils.errors import MMRobustError, UsageError
 
 __all__ = ['COCO_BACKENDS', 'DEFAULT_ROBUSTNESS_BACKEND', 'CocoBackend', 'UnknownBackendError',
            'BackendNotInstalledError', 'coco_backend', 'RobustCocoMetric', 'select_coco_backend',
-           'without_backend']
+           'metric_entries', 'without_backend']
 
 
 @dataclass(frozen=True)
@@ -281,12 +281,12 @@ def _empty_results_scored(coco_api: Any) -> Iterator[None]:
 _COCO_TYPES = ('CocoMetric', 'mmdet.CocoMetric', 'RobustCocoMetric', 'mmrobust.RobustCocoMetric')
 
 
-def _metric_entries(evaluator: Any) -> List[Dict]:
+def metric_entries(evaluator: Any) -> List[Dict]:
     """The metric configs of an evaluator config (a metric, a list, or ``dict(metrics=...)``)."""
     if isinstance(evaluator, (list, tuple)):
-        return [m for e in evaluator for m in _metric_entries(e)]
+        return [m for e in evaluator for m in metric_entries(e)]
     if isinstance(evaluator, dict) and 'metrics' in evaluator:
-        return _metric_entries(evaluator['metrics'])
+        return metric_entries(evaluator['metrics'])
     return [evaluator] if isinstance(evaluator, dict) else []
 
 
@@ -313,7 +313,7 @@ def select_coco_backend(evaluator: Any, backend: Optional[str] = None,
         UnknownBackendError, BackendNotInstalledError: as :func:`coco_backend`.
     """
     labels = []
-    for entry in _metric_entries(evaluator):
+    for entry in metric_entries(evaluator):
         if not _is_coco(entry):
             continue
         chosen = backend or entry.get('backend') or default
@@ -332,7 +332,7 @@ def without_backend(evaluator: Any) -> Any:
     """A copy of an evaluator config without its COCO metrics' ``backend`` keys, which change
     how fast the numbers come, not what they are (for fingerprints of what is evaluated)."""
     evaluator = copy.deepcopy(evaluator)
-    for entry in _metric_entries(evaluator):
+    for entry in metric_entries(evaluator):
         if _is_coco(entry):
             entry.pop('backend', None)
             entry.pop('use_mp_eval', None)

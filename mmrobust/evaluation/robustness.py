@@ -9,7 +9,6 @@ cell's metric runs in a worker process beside the next cells' inference (:mod:`.
 After every cell the results file (:mod:`.results`) is rewritten atomically; a rerun with the
 same identity skips finished cells and computes the metrics of saved predictions.
 """
-import copy
 import hashlib
 import itertools
 import json
@@ -37,33 +36,25 @@ from ..utils.config_checks import leaf_datasets
 from ..utils.errors import shareable
 from ..utils.io import TMP_MARK, FileLockedError, exclusive_lock
 from ..utils.progress import Progress
-from .attacks import AttackError, attack_batch, attack_of_cell
+from .attacks import attack_of_cell, check_attack_pipeline
 from .background import (
-    InferenceLoop,
-    _gather,
     saved_cells,
     worker_imports,
 )
+from .cell_evaluators import CellEvaluators, side_file_metrics
+from .cell_inference import one_pass_cells, per_cell_cells
 from .cells import (
-    CLEAN,
     WORST,
     Cell,
     CellSource,
-    cell_dataloader,
-    check_stored_leaves,
     find_loading_step,
-    gt_at_file_scale,
     is_attack_cell,
-    transform_names,
 )
 from .coco_metric import (
-    DEFAULT_ROBUSTNESS_BACKEND,
-    _metric_entries,
-    select_coco_backend,
     without_backend,
 )
-from .metric_queue import MetricQueue, cell_label
-from .one_pass import OnePassUnsupported, one_pass_loader
+from .metric_queue import MetricQueue
+from .one_pass import OnePassUnsupported
 from .per_image import StatsTarget, stats_path
 from .results import (
     ResultsLayout,
@@ -75,7 +66,6 @@ from .results import (
     planned_cells,
     shard_cells,
 )
-from .seg_metric import use_fast_iou
 from .worst_case import add_worst_case
 
 #: Cells whose metrics may be in flight beside the next cell's inference (``--metric-queue``).
@@ -106,6 +96,10 @@ def _from_rank0(value: Any) -> Any:
     box = [value]
     broadcast_object_list(box)
     return box[0]
+
+
+
+
 
 
 @contextmanager
@@ -141,21 +135,6 @@ def results_lock(path: str, wait: bool = False, poll_s: float = 5.0) -> Iterator
                 told = True
             time.sleep(poll_s)
         yield
-
-
-def _loading_share(runner, iterations: int) -> Dict[str, float]:
-    """Seconds the test loop waited for data vs. its total, from mmengine's IterTimerHook."""
-    if iterations <= 0:  # NOTE: [-0:] would be every iteration of the run
-        return {'data_wait_s': 0.0, 'iter_s': 0.0}
-    hub = runner.message_hub
-    try:
-        waits = hub.get_scalar('test/data_time').data[0][-iterations:]
-        totals = hub.get_scalar('test/time').data[0][-iterations:]
-    except KeyError:
-        return {}
-    return {'data_wait_s': round(float(waits.sum()), 3), 'iter_s': round(float(totals.sum()), 3)}
-
-
 
 
 # -- the loop --------------------------------------------------------------------------------------
@@ -251,36 +230,6 @@ class RobustnessOptions:
     per_image: bool = True
 
 
-@dataclass
-class _CellEvaluators:
-    """Each cell's evaluator config: the config's, its COCO backend chosen, FastIoU for IoU,
-    per-image statistics on, its outputs made the cell's own, and the predictions dump."""
-    evaluator: Any
-    backends: List[str]
-    save_predictions: Optional[str]
-
-    @classmethod
-    def build(cls, cfg: Config, opts: RobustnessOptions) -> '_CellEvaluators':
-        # NOTE: an unknown or missing backend stops here, before any inference
-        evaluator, backends = select_coco_backend(copy.deepcopy(cfg.test_evaluator),
-                                                  opts.coco_backend, DEFAULT_ROBUSTNESS_BACKEND)
-        evaluator, _ = use_fast_iou(evaluator)  # NOTE: mmseg's numbers, cheaper per image
-        if opts.per_image:
-            for entry in _metric_entries(evaluator):
-                if entry.get('type') in ('RobustCocoMetric', 'FastIoUMetric'):
-                    entry['per_image'] = True
-        return cls(evaluator, list(backends), opts.save_predictions)
-
-    def __call__(self, cell: Cell) -> Tuple[Any, List[Dict]]:
-        """The evaluator config of a cell and its metric configs, in the evaluator's order."""
-        evaluator = cell_metric_outputs(copy.deepcopy(self.evaluator), cell)
-        if self.save_predictions:
-            evaluator = list(evaluator) if isinstance(evaluator, (list, tuple)) else [evaluator]
-            evaluator.append(dict(type='DumpRobustPredictions', out_file_path=(
-                ResultsLayout.cell_file(self.save_predictions, *cell, 'pkl'))))
-        return evaluator, _metric_entries(evaluator)
-
-
 def _resolve_source(runner, cfg: Config, opts: RobustnessOptions
                     ) -> Tuple[CellSource, Optional[Dict]]:
     """Where the cells' images come from, and the stored set's provenance; stops before any
@@ -362,7 +311,7 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     """
     opts = options or RobustnessOptions()
     source, stored_set = _resolve_source(runner, cfg, opts)
-    evaluators = _CellEvaluators.build(cfg, opts)
+    evaluators = CellEvaluators.build(cfg, opts)
     writes_files = side_file_metrics(evaluators.evaluator)  # NOTE: format_only stops here
     if writes_files and opts.one_pass:
         print_log(f'one dataloader for every cell is not used: {writes_files}', logger='current')
@@ -402,7 +351,7 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
 
 
 def _infer_cells(runner, cfg: Config, plan: _Plan, opts: RobustnessOptions, source: CellSource,
-                 evaluators: _CellEvaluators, writes_files: Optional[str],
+                 evaluators: CellEvaluators, writes_files: Optional[str],
                  queue: Optional[MetricQueue], progress_bar: Progress) -> str:
     """Every planned cell's inference, each handed to rank 0's metric queue; the corruption
     cells from one dataloader where it can serve them all, the attack cells from their own.
@@ -416,7 +365,7 @@ def _infer_cells(runner, cfg: Config, plan: _Plan, opts: RobustnessOptions, sour
             loader_kind = f'per-cell ({writes_files})'
         elif opts.one_pass:
             try:
-                inference = _one_pass_cells(runner, cfg, corrupted, evaluators(corrupted[0])[0],
+                inference = one_pass_cells(runner, cfg, corrupted, evaluators(corrupted[0])[0],
                                             source.seed, source.bgr_compat,
                                             source.corrupted_root, progress_bar)
             except OnePassUnsupported as err:
@@ -426,11 +375,11 @@ def _infer_cells(runner, cfg: Config, plan: _Plan, opts: RobustnessOptions, sour
         else:
             loader_kind = 'per-cell (asked for)'
         if inference is None:
-            inference = _per_cell_cells(runner, cfg, corrupted, evaluators, source.seed,
+            inference = per_cell_cells(runner, cfg, corrupted, evaluators, source.seed,
                                         source.bgr_compat, source.corrupted_root, progress_bar)
     if attacked:
         assert opts.attacks
-        attacks = _per_cell_cells(runner, cfg, attacked, evaluators, source.seed,
+        attacks = per_cell_cells(runner, cfg, attacked, evaluators, source.seed,
                                   source.bgr_compat, None, progress_bar, opts.attacks)
         inference = attacks if inference is None else itertools.chain(inference, attacks)
     for cell, parts, loop_metrics, dataset_meta, timing in inference or ():
@@ -523,162 +472,3 @@ def _time_summary(results: RobustnessResults, plan: _Plan, wall: float) -> Dict[
              'setup_other_s': max(0.0, wall - inference - metric_wait - saving)}
     return {'wall_s': round(wall, 3), **{k: round(v, 3) for k, v in parts.items()},
             'shares': {k: (v / wall if wall > 0 else 0.0) for k, v in parts.items()}}
-
-
-def _per_cell_cells(runner, cfg: Config, cells: List[Tuple[str, int]], metric_cfgs, seed: int,
-                    bgr_compat: bool, corrupted_root: Optional[str], progress_bar: Progress,
-                    attacks: Optional[Dict[str, Dict]] = None):
-    """Each cell's inference with its own dataloader (the dataset rebuilt per cell): yields
-    ``(cell, gathered results or None, the loop's metrics, dataset_meta, timing)``. Attack
-    cells (of ``attacks``) read the clean images and attack them in the data preprocessor."""
-    if corrupted_root:  # NOTE: every sample's stored path, before the first cell's inference
-        check_stored_leaves(cfg, corrupted_root, cells)
-    counted = False
-    for cell in cells:
-        progress_bar.describe(cell_label(cell))
-        attacked = is_attack_cell(cell[0])
-        clean = cell[0] == CLEAN or attacked
-        loader = cell_dataloader(cfg, None if clean else cell[0], cell[1], seed, bgr_compat,
-                                 corrupted_root)
-        start = time.perf_counter()
-        loop = InferenceLoop(runner, loader, metric_cfgs(cell)[0])
-        if not counted:
-            progress_bar.set_total(progress_bar.total
-                                   + len(loop.dataloader.dataset) * len(cells))
-            counted = True
-        with ExitStack() as stack:
-            if attacked:
-                assert attacks
-                stack.enter_context(_attacking(runner, cfg, attack_of_cell(attacks, *cell)))
-            parts = loop.run()
-        progress_bar.update(len(loop.dataloader.dataset))
-        timing = {'inference_s': round(time.perf_counter() - start, 3),
-                  **_loading_share(runner, len(loop.dataloader))}
-        yield cell, parts, loop.evaluator.metrics, loop.evaluator.dataset_meta, timing
-
-
-def check_attack_pipeline(cfg: Config) -> None:
-    """Attacks ascend the training loss: the test pipeline must load the ground truth."""
-    for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
-        kinds = transform_names(dataset.get('pipeline', []))
-        if not any(k.startswith('LoadAnnotations') for k in kinds):
-            raise AttackError(
-                'the attacks ascend the model\'s training loss, which needs the ground truth, '
-                f'and the test pipeline does not load it: {kinds}. Add '
-                "dict(type='LoadAnnotations', ...) before the Pack step of "
-                'test_dataloader.dataset.pipeline')
-
-
-#: Metrics that write files in ``process()`` (read back in ``compute_metrics``), by type name.
-FILE_WRITING_METRICS = ('CityscapesMetric', 'CityScapesMetric')
-
-
-def _type_name(entry: Dict) -> str:
-    kind = entry.get('type', '')
-    return (kind if isinstance(kind, str) else getattr(kind, '__name__', '')).split('.')[-1]
-
-
-def side_file_metrics(evaluator_cfg: Any) -> Optional[str]:
-    """Why the cells need a dataloader each (None: they do not): a metric that writes files
-    in ``process()`` (``output_dir``, or a type of :data:`FILE_WRITING_METRICS`) must write
-    each cell's into the cell's own folder (:func:`cell_metric_outputs`), and one evaluator
-    serves every cell of the one-pass loop.
-
-    Raises:
-        ConfigError: a metric is ``format_only`` (it writes files for a test server and gives
-            no number to record).
-    """
-    from ..utils.errors import ConfigError
-    writers = []
-    for entry in _metric_entries(evaluator_cfg):
-        if entry.get('format_only'):
-            raise ConfigError(
-                f'the metric {_type_name(entry)} is format_only: it writes files for a test '
-                'server and gives no number, and a robustness run records numbers per cell. '
-                'Set format_only=False in test_evaluator (on a split with annotations).')
-        if entry.get('output_dir') or _type_name(entry) in FILE_WRITING_METRICS:
-            writers.append(_type_name(entry))
-    if writers:
-        return (f'{", ".join(writers)} write files as they process each batch: each cell '
-                'builds its own evaluator, writing into its own folder')
-    return None
-
-
-def cell_metric_outputs(evaluator_cfg: Any, cell: Tuple[str, int]) -> Any:
-    """The evaluator config with every metric's output (``outfile_prefix``, ``output_dir``)
-    made the cell's own (in place): ``<prefix>_<corruption>_<severity>`` and
-    ``<output_dir>/<corruption>_<severity>``, so no cell reads or overwrites another's."""
-    for entry in _metric_entries(evaluator_cfg):
-        if entry.get('outfile_prefix'):
-            entry['outfile_prefix'] = f'{entry["outfile_prefix"]}_{cell[0]}_{cell[1]}'
-        if entry.get('output_dir'):
-            entry['output_dir'] = osp.join(entry['output_dir'], f'{cell[0]}_{cell[1]}')
-    return evaluator_cfg
-
-
-@contextmanager
-def _attacking(runner, cfg: Config, attack) -> Iterator[None]:
-    """The model's data preprocessor attacks every test batch within the block."""
-    from ..models.data_preprocessors import PixelSpace
-    from ..models.data_preprocessors.pixel_space import patched_forward
-    model = runner.model.module if is_model_wrapper(runner.model) else runner.model
-    late_gt = gt_at_file_scale(cfg)
-    space = None
-
-    def transform(data: dict, training: bool) -> dict:
-        nonlocal space
-        if training:
-            return data
-        if space is None:
-            space = PixelSpace(model.data_preprocessor).to(data['inputs'].device)
-        return attack_batch(model, data, attack, space, gt_at_file_scale=late_gt).data
-
-    with patched_forward(model.data_preprocessor, transform):
-        yield
-
-
-def _one_pass_cells(runner, cfg: Config, cells: List[Tuple[str, int]], evaluator_cfg: Any,
-                    seed: int, bgr_compat: bool, corrupted_root: Optional[str],
-                    progress_bar: Progress):
-    """Every cell's inference from one dataloader (:mod:`.one_pass`), the evaluator built once;
-    yields as :func:`_per_cell_cells`. Raises ``OnePassUnsupported`` before any inference."""
-    from mmengine.runner import TestLoop
-    loader, per_cell = one_pass_loader(runner, cfg, cells, seed, bgr_compat, corrupted_root)
-    images = loader.dataset.images
-    _, world = get_dist_info()
-    loop = TestLoop(runner, loader, evaluator_cfg)
-    runner._test_loop = loop  # NOTE: hooks that ask runner.test_dataloader get this one, and
-    # the runner does not build (and parse) the config's own test set besides
-    progress_bar.set_total(images * len(cells))
-    return _iterate_one_pass(runner, loop, cells, per_cell, images, world, progress_bar)
-
-
-def _iterate_one_pass(runner, loop, cells, per_cell: int, images: int, world: int,
-                      progress_bar: Progress):
-    """Cell by cell: this rank's ``per_cell`` batches of the cell, then every metric's gather,
-    on every rank, even one without a batch of the cell (``round_up=False`` with fewer images
-    than ranks, ``drop_last``): the gather is a collective."""
-    runner.call_hook('before_test')
-    runner.call_hook('before_test_epoch')
-    runner.model.eval()
-    batches = iter(loop.dataloader)
-    index = 0
-    for cell in cells:
-        progress_bar.describe(cell_label(cell))
-        start, shown = time.perf_counter(), 0
-        for b in range(per_cell):
-            batch = next(batches)
-            loop.run_iter(index, batch)
-            index += 1
-            # NOTE: this rank's samples times the ranks, as far as the cell has images
-            seen = min(images, (b + 1) * len(batch['inputs']) * world)
-            progress_bar.update(seen - shown)
-            shown = seen
-        if shown < images:  # NOTE: this rank had fewer (or no) batches than others
-            progress_bar.update(images - shown)
-        parts = [_gather(metric, images) for metric in loop.evaluator.metrics]
-        timing = {'inference_s': round(time.perf_counter() - start, 3),
-                  **_loading_share(runner, per_cell)}
-        yield cell, parts, loop.evaluator.metrics, loop.evaluator.dataset_meta, timing
-    runner.call_hook('after_test_epoch', metrics={})
-    runner.call_hook('after_test')

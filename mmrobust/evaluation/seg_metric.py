@@ -87,9 +87,9 @@ class FastIoUMetric(IoUMetric):
 def use_fast_iou(evaluator):
     """Make every ``IoUMetric`` of an evaluator config a :class:`FastIoUMetric` (in place);
     returns the config and how many were replaced."""
-    from .coco_metric import _metric_entries
+    from .coco_metric import metric_entries
     count = 0
-    for entry in _metric_entries(evaluator):
+    for entry in metric_entries(evaluator):
         if entry.get('type') in ('IoUMetric', 'mmseg.IoUMetric', IoUMetric):
             entry['type'] = 'FastIoUMetric'
             count += 1

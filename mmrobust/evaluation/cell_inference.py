@@ -1,0 +1,138 @@
+"""Each cell's inference: a dataloader per cell, or one for every cell (:mod:`.one_pass`), the
+attack cells attacked in the model's data preprocessor; each yields ``(cell, gathered
+results, the loop's metrics, dataset_meta, timing)`` for rank 0's metric queue."""
+import time
+from contextlib import ExitStack, contextmanager
+from typing import Any, Dict, Iterator, List, Optional
+
+from mmengine.config import Config
+from mmengine.dist import get_dist_info
+from mmengine.model import is_model_wrapper
+
+from ..utils.progress import Progress
+from .attacks import attack_batch, attack_of_cell
+from .background import InferenceLoop, gather_parts
+from .cells import (
+    CLEAN,
+    Cell,
+    cell_dataloader,
+    check_stored_leaves,
+    gt_at_file_scale,
+    is_attack_cell,
+)
+from .metric_queue import cell_label
+from .one_pass import one_pass_loader
+
+__all__ = ['attacking', 'one_pass_cells', 'per_cell_cells']
+
+
+def loading_share(runner, iterations: int) -> Dict[str, float]:
+    """Seconds the test loop waited for data vs. its total, from mmengine's IterTimerHook."""
+    if iterations <= 0:  # NOTE: [-0:] would be every iteration of the run
+        return {'data_wait_s': 0.0, 'iter_s': 0.0}
+    hub = runner.message_hub
+    try:
+        waits = hub.get_scalar('test/data_time').data[0][-iterations:]
+        totals = hub.get_scalar('test/time').data[0][-iterations:]
+    except KeyError:
+        return {}
+    return {'data_wait_s': round(float(waits.sum()), 3), 'iter_s': round(float(totals.sum()), 3)}
+
+def per_cell_cells(runner, cfg: Config, cells: List[Cell], metric_cfgs, seed: int,
+                    bgr_compat: bool, corrupted_root: Optional[str], progress_bar: Progress,
+                    attacks: Optional[Dict[str, Dict]] = None):
+    """Each cell's inference with its own dataloader (the dataset rebuilt per cell): yields
+    ``(cell, gathered results or None, the loop's metrics, dataset_meta, timing)``. Attack
+    cells (of ``attacks``) read the clean images and attack them in the data preprocessor."""
+    if corrupted_root:  # NOTE: every sample's stored path, before the first cell's inference
+        check_stored_leaves(cfg, corrupted_root, cells)
+    counted = False
+    for cell in cells:
+        progress_bar.describe(cell_label(cell))
+        attacked = is_attack_cell(cell[0])
+        clean = cell[0] == CLEAN or attacked
+        loader = cell_dataloader(cfg, None if clean else cell[0], cell[1], seed, bgr_compat,
+                                 corrupted_root)
+        start = time.perf_counter()
+        loop = InferenceLoop(runner, loader, metric_cfgs(cell)[0])
+        if not counted:
+            progress_bar.set_total(progress_bar.total
+                                   + len(loop.dataloader.dataset) * len(cells))
+            counted = True
+        with ExitStack() as stack:
+            if attacked:
+                assert attacks
+                stack.enter_context(attacking(runner, cfg, attack_of_cell(attacks, *cell)))
+            parts = loop.run()
+        progress_bar.update(len(loop.dataloader.dataset))
+        timing = {'inference_s': round(time.perf_counter() - start, 3),
+                  **loading_share(runner, len(loop.dataloader))}
+        yield cell, parts, loop.evaluator.metrics, loop.evaluator.dataset_meta, timing
+
+
+@contextmanager
+def attacking(runner, cfg: Config, attack) -> Iterator[None]:
+    """The model's data preprocessor attacks every test batch within the block."""
+    from ..models.data_preprocessors import PixelSpace
+    from ..models.data_preprocessors.pixel_space import patched_forward
+    model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+    late_gt = gt_at_file_scale(cfg)
+    space = None
+
+    def transform(data: dict, training: bool) -> dict:
+        nonlocal space
+        if training:
+            return data
+        if space is None:
+            space = PixelSpace(model.data_preprocessor).to(data['inputs'].device)
+        return attack_batch(model, data, attack, space, gt_at_file_scale=late_gt).data
+
+    with patched_forward(model.data_preprocessor, transform):
+        yield
+
+
+def one_pass_cells(runner, cfg: Config, cells: List[Cell], evaluator_cfg: Any,
+                    seed: int, bgr_compat: bool, corrupted_root: Optional[str],
+                    progress_bar: Progress):
+    """Every cell's inference from one dataloader (:mod:`.one_pass`), the evaluator built once;
+    yields as :func:`per_cell_cells`. Raises ``OnePassUnsupported`` before any inference."""
+    from mmengine.runner import TestLoop
+    loader, per_cell = one_pass_loader(runner, cfg, cells, seed, bgr_compat, corrupted_root)
+    images = loader.dataset.images
+    _, world = get_dist_info()
+    loop = TestLoop(runner, loader, evaluator_cfg)
+    runner._test_loop = loop  # NOTE: hooks that ask runner.test_dataloader get this one, and
+    # the runner does not build (and parse) the config's own test set besides
+    progress_bar.set_total(images * len(cells))
+    return _iterate_one_pass(runner, loop, cells, per_cell, images, world, progress_bar)
+
+
+def _iterate_one_pass(runner, loop, cells, per_cell: int, images: int, world: int,
+                      progress_bar: Progress):
+    """Cell by cell: this rank's ``per_cell`` batches of the cell, then every metric's gather,
+    on every rank, even one without a batch of the cell (``round_up=False`` with fewer images
+    than ranks, ``drop_last``): the gather is a collective."""
+    runner.call_hook('before_test')
+    runner.call_hook('before_test_epoch')
+    runner.model.eval()
+    batches = iter(loop.dataloader)
+    index = 0
+    for cell in cells:
+        progress_bar.describe(cell_label(cell))
+        start, shown = time.perf_counter(), 0
+        for b in range(per_cell):
+            batch = next(batches)
+            loop.run_iter(index, batch)
+            index += 1
+            # NOTE: this rank's samples times the ranks, as far as the cell has images
+            seen = min(images, (b + 1) * len(batch['inputs']) * world)
+            progress_bar.update(seen - shown)
+            shown = seen
+        if shown < images:  # NOTE: this rank had fewer (or no) batches than others
+            progress_bar.update(images - shown)
+        parts = [gather_parts(metric, images) for metric in loop.evaluator.metrics]
+        timing = {'inference_s': round(time.perf_counter() - start, 3),
+                  **loading_share(runner, per_cell)}
+        yield cell, parts, loop.evaluator.metrics, loop.evaluator.dataset_meta, timing
+    runner.call_hook('after_test_epoch', metrics={})
+    runner.call_hook('after_test')
