@@ -129,18 +129,18 @@ def test_results_are_read_with_their_format_checked(tmp_path):
 def test_every_rank_gets_rank0s_plan_and_its_error(monkeypatch):
     """Rank 0 alone reads the results file; the others take its plan, or raise its error,
     instead of planning from their own view of the file or waiting in a collective."""
-    from mmrobust.evaluation import robustness
+    from mmrobust.evaluation import rank0
     from mmrobust.utils.io import ResultsMismatchError
-    sent = robustness._Plan(infer=[('clean', 0), ('fog', 3)])
+    sent = rank0.Plan(infer=[('clean', 0), ('fog', 3)])
 
     def from_rank0(box):
         box[0] = sent
-    monkeypatch.setattr(robustness, 'get_dist_info', lambda: (1, 2))
-    monkeypatch.setattr(robustness, 'broadcast_object_list', from_rank0)
-    assert robustness._broadcast_plan(None).infer == [('clean', 0), ('fog', 3)]
-    sent = robustness._Plan(infer=[], error=ResultsMismatchError('r.json holds another'))
+    monkeypatch.setattr(rank0, 'get_dist_info', lambda: (1, 2))
+    monkeypatch.setattr(rank0, 'broadcast_object_list', from_rank0)
+    assert rank0.broadcast_plan(None).infer == [('clean', 0), ('fog', 3)]
+    sent = rank0.Plan(infer=[], error=ResultsMismatchError('r.json holds another'))
     with pytest.raises(ResultsMismatchError, match='holds another'):
-        robustness._broadcast_plan(None)
+        rank0.broadcast_plan(None)
 
 
 def _start(args, env):
@@ -213,7 +213,7 @@ def test_killed_run_and_dead_worker_resume_without_inference(toy_data, tmp_path,
     cfg = apply_common_args(cfg, str(REPO / SEG_CFG), 'none', str(tmp_path / 'w3'),
                             {'test_dataloader.num_workers': 1,
                              'test_dataloader.persistent_workers': False})
-    cfg = apply_test_args(cfg, str(ckpt), None, False, None, 0, False)
+    cfg = apply_test_args(cfg, str(ckpt))
     runner = build_runner(cfg, ('test_dataloader', ))
     runner.call_hook('before_run')
     runner.load_or_resume()

@@ -35,7 +35,7 @@ def _evaluate(rank: int, world: int, config: str, ckpt: str, work: str, options:
     from mmrobust.evaluation import RobustnessOptions, evaluate_robustness
     cfg = Config.fromfile(str(REPO / config))
     cfg = apply_common_args(cfg, str(REPO / config), 'none', work, options)
-    cfg = apply_test_args(cfg, ckpt, None, False, None, 0, False)
+    cfg = apply_test_args(cfg, ckpt)
     runner = build_runner(cfg, ('test_dataloader', ))
     runner.call_hook('before_run')
     runner.load_or_resume()
@@ -84,19 +84,19 @@ def test_ranks_wait_for_rank0s_metric_worker_in_short_polls(toy_data, tmp_path, 
 
 def test_rank0s_error_while_it_waits_reaches_every_rank(monkeypatch):
     """The other ranks take rank 0's outcome of each step: waiting, done, or its error."""
-    from mmrobust.evaluation import robustness
+    from mmrobust.evaluation import rank0
     sent = iter([True, True, None, RuntimeError('disk full while saving fog 3')])
     rounds = []
 
     def from_rank0(box):
         rounds.append(box[0])
         box[0] = next(sent)
-    monkeypatch.setattr(robustness, 'get_dist_info', lambda: (1, 2))
-    monkeypatch.setattr(robustness, 'broadcast_object_list', from_rank0)
-    robustness._rank0_until_done(None)
+    monkeypatch.setattr(rank0, 'get_dist_info', lambda: (1, 2))
+    monkeypatch.setattr(rank0, 'broadcast_object_list', from_rank0)
+    rank0.rank0_until_done(None)
     assert rounds == [None, None, None]  # three rounds: waiting, waiting, done
     with pytest.raises(RuntimeError, match='disk full'):
-        robustness._rank0_until_done(None)
+        rank0.rank0_until_done(None)
 
 
 def test_the_metric_worker_leaves_no_thread_in_the_loops_process(tmp_path):

@@ -250,9 +250,9 @@ def test_test_tool_honours_a_configured_backend(tmp_path):
     ckpt.write_bytes(b'')
     cfg = Config.fromfile(config)
     cfg.merge_from_dict({'test_evaluator.backend': 'faster-coco-eval'})
-    cfg = apply_test_args(cfg, str(ckpt), None, False, None, 0, False)
+    cfg = apply_test_args(cfg, str(ckpt))
     assert cfg.test_evaluator['type'] == 'RobustCocoMetric'
-    plain = apply_test_args(Config.fromfile(config), str(ckpt), None, False, None, 0, False)
+    plain = apply_test_args(Config.fromfile(config), str(ckpt))
     assert plain.test_evaluator['type'] == 'CocoMetric'  # the config's own metric otherwise
 
 

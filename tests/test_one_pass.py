@@ -101,7 +101,7 @@ def test_one_pass_parses_annotations_once_and_says_where_the_time_went(toy_data,
                             {'test_dataloader.num_workers': 1,
                              'test_dataloader.persistent_workers': False,
                              'test_dataloader.dataset.indices': 4})
-    cfg = apply_test_args(cfg, str(ckpt), None, False, None, 0, False)
+    cfg = apply_test_args(cfg, str(ckpt))
     runner = build_runner(cfg, ('test_dataloader', ))
     runner.call_hook('before_run')
     runner.load_or_resume()

@@ -498,8 +498,7 @@ def test_errors_name_the_valid_choices(tmp_path):
         resolve_protocol('coco-c', None, None)
     from mmrobust.apis import apply_test_args
     with pytest.raises(FileNotFoundError, match='does not exist'):
-        apply_test_args(Config.fromfile(str(REPO / DET_CFG)), str(tmp_path / 'x.pth'), None,
-                        False, None, 0, False)
+        apply_test_args(Config.fromfile(str(REPO / DET_CFG)), str(tmp_path / 'x.pth'))
 
 
 # -- adversarial cells -----------------------------------------------------------------------------

@@ -48,8 +48,8 @@ def main() -> None:
     args = parse_args()
     cfg = Config.fromfile(args.config)
     cfg = apply_common_args(cfg, args.config, args.launcher, args.work_dir, args.cfg_options)
-    cfg = apply_test_args(cfg, args.checkpoint, args.out, args.show, args.show_dir,
-                          args.wait_time, args.tta)
+    cfg = apply_test_args(cfg, args.checkpoint, out=args.out, show=args.show,
+                          show_dir=args.show_dir, wait_time=args.wait_time, tta=args.tta)
     runner = build_runner(cfg, ('test_dataloader',), args.allow_partial_load)
     if args.out is not None and config_scope(cfg) == 'mmdet':
         from mmdet.evaluation import DumpDetResults

@@ -146,7 +146,7 @@ def main() -> None:
                         args.bgr_compat)
     cfg = Config.fromfile(args.config)
     cfg = apply_common_args(cfg, args.config, args.launcher, args.work_dir, args.cfg_options)
-    cfg = apply_test_args(cfg, args.checkpoint, None, False, None, 0, False)
+    cfg = apply_test_args(cfg, args.checkpoint)
     stem = f'robustness_{protocol.name.replace(":", "_")}'
     if shard:
         stem += f'_shard{shard[0]}of{shard[1]}'

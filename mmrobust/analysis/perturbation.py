@@ -204,7 +204,7 @@ def open_study(config: str, checkpoint: str, results_path: str, identity: Dict,
     from ..evaluation.robustness import config_sha256
     cfg = Config.fromfile(config)
     cfg = apply_common_args(cfg, config, 'none', work_dir, cfg_options)
-    cfg = apply_test_args(cfg, checkpoint, None, False, None, 0, False)
+    cfg = apply_test_args(cfg, checkpoint)
     runner = build_runner(cfg, ('test_dataloader',), allow_partial_load)
     runner.call_hook('before_run')
     runner.load_or_resume()

@@ -150,8 +150,9 @@ def _enable_tta(cfg: Config) -> None:
     cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
 
 
-def apply_test_args(cfg: Config, checkpoint: str, out: Optional[str], show: bool,
-                    show_dir: Optional[str], wait_time: float, tta: bool) -> Config:
+def apply_test_args(cfg: Config, checkpoint: str, *, out: Optional[str] = None,
+                    show: bool = False, show_dir: Optional[str] = None, wait_time: float = 0,
+                    tta: bool = False) -> Config:
     """`--out`, `--show`, `--show-dir` and `--tta` with the task's own semantics."""
     if not osp.isfile(checkpoint):
         raise InputNotFoundError(f'checkpoint {checkpoint!r} does not exist')

@@ -5,13 +5,9 @@ from .cells import CLEAN, PipelineError, cell_dataloader, find_loading_step
 from .coco_metric import COCO_BACKENDS, RobustCocoMetric, coco_backend
 from .dump import DumpRobustPredictions
 from .metrics import robustness_summary
+from .rank0 import results_lock
 from .results import RESULTS_FORMAT, RobustnessResults, load_results, report_dir
-from .robustness import (
-    DEFAULT_METRIC_QUEUE,
-    RobustnessOptions,
-    evaluate_robustness,
-    results_lock,
-)
+from .robustness import DEFAULT_METRIC_QUEUE, RobustnessOptions, evaluate_robustness
 from .seg_metric import FastIoUMetric
 from .vq_metric import VQReconstructionMetric
 

@@ -9,7 +9,7 @@ is done, oldest first; its saved predictions are removed only then.
 
 Every step that may wait is a generator that yields each time it has waited up to ``poll_s``
 without finishing, so the other ranks wait in short broadcasts
-(:func:`~.robustness._rank0_until_done`), not in a collective that could time out.
+(:func:`~.rank0.rank0_until_done`), not in a collective that could time out.
 """
 import os
 import os.path as osp

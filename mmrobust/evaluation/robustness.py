@@ -15,12 +15,11 @@ import json
 import os
 import os.path as osp
 import time
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
 
 from mmengine.config import Config
-from mmengine.dist import barrier, broadcast_object_list, get_dist_info
+from mmengine.dist import barrier, get_dist_info
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 
@@ -33,12 +32,9 @@ from ..corruptions.stored import (
     stored_settings,
 )
 from ..utils.config_checks import leaf_datasets
-from ..utils.errors import shareable
-from ..utils.io import TMP_MARK, FileLockedError, exclusive_lock
 from ..utils.progress import Progress
 from .attacks import attack_of_cell, check_attack_pipeline
 from .background import (
-    saved_cells,
     worker_imports,
 )
 from .cell_evaluators import CellEvaluators, side_file_metrics
@@ -56,23 +52,26 @@ from .coco_metric import (
 from .metric_queue import MetricQueue
 from .one_pass import OnePassUnsupported
 from .per_image import StatsTarget, stats_path
+from .rank0 import (
+    RANK0_POLL_S,
+    Plan,
+    broadcast_plan,
+    plan_on_rank0,
+    rank0_until_done,
+)
 from .results import (
     ResultsLayout,
     RobustnessResults,
     evaluation_sha256,
-    identity_sha256,
     make_identity,
     parse_shard,
     planned_cells,
-    shard_cells,
 )
 from .worst_case import add_worst_case
 
 #: Cells whose metrics may be in flight beside the next cell's inference (``--metric-queue``).
 DEFAULT_METRIC_QUEUE = 2
-#: Seconds between the short broadcasts of every rank while rank 0 waits (on its metric
-#: worker, a metric computed in place, a predictions file being written).
-RANK0_POLL_S = 1.0
+
 
 
 # dataloader settings that do not change what is evaluated (a resumed run may change them)
@@ -91,102 +90,7 @@ def config_sha256(cfg: Config) -> str:
 
 # -- the results file ------------------------------------------------------------------------------
 
-def _from_rank0(value: Any) -> Any:
-    """Rank 0's ``value`` on every rank (a broadcast: every rank must call it)."""
-    box = [value]
-    broadcast_object_list(box)
-    return box[0]
-
-
-
-
-
-
-@contextmanager
-def results_lock(path: str, wait: bool = False, poll_s: float = 5.0) -> Iterator[None]:
-    """One writer per results file: rank 0 holds its lock for the with-block.
-
-    A second run on the same file stops with who holds it (or, with ``wait``, queues behind
-    it). Every outcome on rank 0 (held, locked, or any error making the lock) reaches every rank
-    in a short broadcast, and waiting polls (every ``poll_s`` seconds, one broadcast per round),
-    so no rank sits in a collective while rank 0 waits or after it failed.
-    """
-    rank, world = get_dist_info()
-    with ExitStack() as stack:
-        told = False
-        while True:
-            outcome: Any = None  # None: held; else the error that stops every rank
-            if rank == 0:
-                try:
-                    stack.enter_context(exclusive_lock(
-                        path, waiting=lambda msg: print_log(msg, logger='current', level=30)))
-                except FileLockedError as err:
-                    outcome = err
-                except Exception as err:
-                    outcome = shareable(err)
-            if world > 1:  # NOTE: every rank is here, before any cell: the collective is safe
-                outcome = _from_rank0(outcome)
-            if outcome is None:
-                break
-            if not (wait and isinstance(outcome, FileLockedError)):
-                raise outcome
-            if not told:
-                print_log(f'waiting (polling every {poll_s:g} s): {outcome}', logger='current')
-                told = True
-            time.sleep(poll_s)
-        yield
-
-
 # -- the loop --------------------------------------------------------------------------------------
-
-@dataclass
-class _Plan:
-    """What remains of a protocol, decided on rank 0 and broadcast to every rank."""
-    infer: List[Tuple[str, int]]  # cells to run inference on, in order
-    saved: Dict[Tuple[str, int], str] = field(default_factory=dict)  # metric only (rank 0)
-    error: Optional[BaseException] = None  # raised on every rank
-
-
-def _plan_on_rank0(results: RobustnessResults, folder: str,
-                   shard: Optional[Tuple[int, int]] = None) -> _Plan:
-    """The cells left to do (of ``shard`` only, if given); predictions a killed run saved are
-    used instead of inference."""
-    cells = planned_cells(results.identity)
-    if shard is not None:
-        cells = shard_cells(cells, *shard)
-    saved, unused = saved_cells(folder, identity_sha256(results.identity), cells)
-    for path in unused:
-        print_log(f'removing {path} (not of this evaluation, see above)', logger='current',
-                  level=30)
-        os.remove(path)
-    if osp.isdir(folder):
-        for name in os.listdir(folder):  # NOTE: half-written by a killed run, never used
-            if TMP_MARK in name:
-                os.remove(osp.join(folder, name))
-    for cell in [c for c in saved if results.done(*c)]:  # killed after recording, before removal
-        os.remove(saved.pop(cell))
-    todo = [(c, s) for c, s in cells if not results.done(c, s)]
-    if saved:
-        print_log(f'{len(saved)} cell(s) resume from their saved predictions in {folder} '
-                  f'without inference: {", ".join(f"{c} {s}" for c, s in saved)}',
-                  logger='current')
-    return _Plan(infer=[c for c in todo if c not in saved],
-                 saved={c: saved[c] for c in todo if c in saved})
-
-
-def _broadcast_plan(plan: Optional[_Plan]) -> _Plan:
-    """Rank 0's plan (or its error) on every rank, so no rank plans another loop or waits alone
-    in a collective."""
-    _, world = get_dist_info()
-    if world > 1:
-        if plan is not None and plan.error is not None:
-            plan.error = shareable(plan.error)
-        plan = _from_rank0(plan)
-    assert plan is not None
-    if plan.error is not None:
-        raise plan.error
-    return plan
-
 
 @dataclass
 class RobustnessOptions:
@@ -260,11 +164,11 @@ def _resolve_source(runner, cfg: Config, opts: RobustnessOptions
 
 def _open_results(cfg: Config, protocol: Protocol, layout: ResultsLayout, opts: RobustnessOptions,
                   source: CellSource, stored_set: Optional[Dict], backends: List[str]
-                  ) -> Tuple[Optional[RobustnessResults], _Plan]:
+                  ) -> Tuple[Optional[RobustnessResults], Plan]:
     """Rank 0 opens (or resumes) the results file and plans the cells; every rank gets the
     plan (or rank 0's error)."""
     results: Optional[RobustnessResults] = None
-    plan: Optional[_Plan] = None
+    plan: Optional[Plan] = None
     if get_dist_info()[0] == 0:  # NOTE: only rank 0 reads the results file (it may be local)
         try:
             identity = make_identity(
@@ -276,10 +180,10 @@ def _open_results(cfg: Config, protocol: Protocol, layout: ResultsLayout, opts: 
             results = RobustnessResults(layout.results_path, identity)
             if backends:  # the latest run's; each cell records its own in its timing
                 results.data['coco_backend'] = ', '.join(backends)
-            plan = _plan_on_rank0(results, layout.predictions, opts.shard)
+            plan = plan_on_rank0(results, layout.predictions, opts.shard)
         except Exception as err:
-            plan = _Plan(infer=[], error=err)
-    return results, _broadcast_plan(plan)
+            plan = Plan(infer=[], error=err)
+    return results, broadcast_plan(plan)
 
 
 def _stats_targets(cfg: Config, results: Optional[RobustnessResults], layout: ResultsLayout,
@@ -330,10 +234,10 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     run_start = time.perf_counter()
     try:
         for cell, path in plan.saved.items():  # NOTE: rank 0's plan, broadcast to every rank
-            _rank0_until_done(queue.resume_saved(cell, path) if queue else None)
+            rank0_until_done(queue.resume_saved(cell, path) if queue else None)
         loader_kind = _infer_cells(runner, cfg, plan, opts, source, evaluators, writes_files,
                                    queue, progress_bar)
-        _rank0_until_done(queue.drain() if queue else None)
+        rank0_until_done(queue.drain() if queue else None)
     except BaseException:
         if queue is not None:
             queue.close(cancel=True)
@@ -350,7 +254,7 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     return results.data if results is not None else {}
 
 
-def _infer_cells(runner, cfg: Config, plan: _Plan, opts: RobustnessOptions, source: CellSource,
+def _infer_cells(runner, cfg: Config, plan: Plan, opts: RobustnessOptions, source: CellSource,
                  evaluators: CellEvaluators, writes_files: Optional[str],
                  queue: Optional[MetricQueue], progress_bar: Progress) -> str:
     """Every planned cell's inference, each handed to rank 0's metric queue; the corruption
@@ -383,12 +287,12 @@ def _infer_cells(runner, cfg: Config, plan: _Plan, opts: RobustnessOptions, sour
                                   source.bgr_compat, None, progress_bar, opts.attacks)
         inference = attacks if inference is None else itertools.chain(inference, attacks)
     for cell, parts, loop_metrics, dataset_meta, timing in inference or ():
-        _rank0_until_done(queue.finish(cell, parts, loop_metrics, dataset_meta, timing)
+        rank0_until_done(queue.finish(cell, parts, loop_metrics, dataset_meta, timing)
                           if queue is not None else None)
     return loader_kind
 
 
-def _finish_results(results: RobustnessResults, plan: _Plan, loader_kind: str,
+def _finish_results(results: RobustnessResults, plan: Plan, loader_kind: str,
                     wall: float) -> None:
     """Rank 0, every cell recorded: the worst case over attacks, how the cells were loaded,
     where the time went; the file saved."""
@@ -431,33 +335,7 @@ def _image_roots(cfg: Config, corrupted_root: Optional[str], cell: Tuple[str, in
     return tuple(roots)
 
 
-def _rank0_until_done(steps: Optional[Iterator[None]]) -> None:
-    """Every rank: rank 0 runs ``steps`` (a generator that yields each time it has waited up
-    to :data:`RANK0_POLL_S` without finishing) to its end; the other ranks (``steps`` None)
-    wait for it in one short broadcast per step, instead of sitting in the next collective
-    for as long as rank 0 waits (a process-group timeout), and rank 0's error (a dead worker,
-    a full disk) is raised on every rank at once."""
-    rank, world = get_dist_info()
-    while True:
-        state: Any = None  # None: done; True: still waiting; else the error
-        if rank == 0:
-            assert steps is not None
-            try:
-                next(steps)
-                state = True
-            except StopIteration:
-                state = None
-            except BaseException as err:
-                state = shareable(err)
-        if world > 1:  # NOTE: every rank is here, between two cells: the collective is safe
-            state = _from_rank0(state)
-        if state is None:
-            return
-        if isinstance(state, BaseException):
-            raise state
-
-
-def _time_summary(results: RobustnessResults, plan: _Plan, wall: float) -> Dict[str, Any]:
+def _time_summary(results: RobustnessResults, plan: Plan, wall: float) -> Dict[str, Any]:
     """This run's seconds: inference (of which waiting for data), waiting for metrics, saving
     predictions and the rest (set-up: the dataset, workers, model), with their shares."""
     cells = [results.data['timing'][c][str(s)] for c, s in list(plan.saved) + plan.infer

@@ -56,7 +56,7 @@ def main() -> None:
                 break
     work_dir = tempfile.mkdtemp(prefix='robust-loading-')
     cfg = apply_common_args(cfg, args.config, 'none', work_dir, args.cfg_options)
-    cfg = apply_test_args(cfg, args.checkpoint, None, False, None, 0, False)
+    cfg = apply_test_args(cfg, args.checkpoint)
     runner = build_runner(cfg, ('test_dataloader',), args.allow_partial_load)
     runner.call_hook('before_run')
     runner.load_or_resume()
