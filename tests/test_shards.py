@@ -18,7 +18,7 @@ from mmrobust.evaluation.results import (
     shard_cells,
 )
 
-from conftest import run_tool
+from conftest import REPO, run_tool
 
 
 def test_shards_are_disjoint_balanced_and_cover_the_protocol():
@@ -295,3 +295,46 @@ def test_one_layout_names_every_side_file(tmp_path):
         layout.report, layout.predictions, layout.per_image)
     assert predictions_path(layout.predictions, 'fog', 3) == f'{stem}_predictions/fog_3.pkl'
     assert stats_path(layout.per_image, 'pgd_linf', '2') == f'{stem}_per_image/pgd_linf_2.npz'
+
+
+def test_a_results_file_of_an_earlier_writer_loads_and_resumes_unchanged(toy_data, tmp_path,
+                                                                         monkeypatch):
+    """tests/data/legacy_results/robustness_1d1a892.json was written by the evaluation at
+    1d1a892 (the toy SegFormer, initial weights, no checkpoint, gaussian_noise 1 and fog 1 on
+    2 images): today's reader loads it, and today's evaluation resumes it without inferring
+    anything and keeps its numbers."""
+    import shutil
+
+    from mmengine.config import Config
+
+    from mmrobust.apis import apply_common_args, build_runner
+    from mmrobust.corruptions import resolve_protocol
+    from mmrobust.evaluation import RobustnessOptions, evaluate_robustness, load_results
+    from mmrobust.evaluation.report import summarize
+    legacy = REPO / 'tests/data/legacy_results/robustness_1d1a892.json'
+    path = tmp_path / 'r.json'
+    shutil.copy(legacy, path)
+    before = json.loads(legacy.read_text())
+    loaded = load_results(str(path))  # NOTE: the reader gives severities as integers
+    assert loaded['cells'] == {c: {int(k): v for k, v in by.items()}
+                               for c, by in before['cells'].items()}
+    assert 'identity_keys' not in loaded
+    assert summarize(loaded)['metrics']['mIoU']['mPC'] == pytest.approx(
+        (before['cells']['gaussian_noise']['1']['mIoU'] + before['cells']['fog']['1']['mIoU'])
+        / 2)
+    monkeypatch.chdir(REPO)  # NOTE: the file records the config by its path in the repository
+    config = 'configs/toy/segformer_mit-b0_toy-cityscapes.py'
+    cfg = apply_common_args(Config.fromfile(config), config, 'none', str(tmp_path / 'w'), {
+        'test_dataloader.num_workers': 0, 'test_dataloader.persistent_workers': False,
+        'test_dataloader.dataset.indices': 2, 'randomness.seed': 0})
+    runner = build_runner(cfg, ('test_dataloader',))
+    runner.call_hook('before_run')
+
+    def no_inference(*args, **kwargs):
+        raise AssertionError('a recorded cell was inferred again')
+    monkeypatch.setattr(runner.model, 'test_step', no_inference)
+    data = evaluate_robustness(runner, cfg, resolve_protocol(None, ['gaussian_noise', 'fog'], [1]),
+                               str(path), RobustnessOptions(progress=False, metric_queue=0,
+                                                            per_image=False))
+    assert data['cells'] == before['cells'] and data['timing'] == before['timing']
+    assert json.loads(path.read_text())['config_sha256'] == before['config_sha256']
