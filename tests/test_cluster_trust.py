@@ -1,59 +1,32 @@
 """Trust on a cluster: the results-file lock ends or waits on every rank alike, with no rank left
 in a long collective, and releases only the lock file it holds."""
-import datetime
 import json
-import multiprocessing
 import os
-import socket
 import threading
 import time
-import traceback
 
 import pytest
 
 from mmrobust.utils import FileLockedError, exclusive_lock
 
 
-def _rank_main(rank: int, port: int, target: str, wait: bool, timeout_s: float, queue) -> None:
-    """One rank of a 2-process gloo group: enter results_lock, report what happened."""
-    import torch.distributed as dist
+def _lock_outcome(rank: int, world: int, target: str, wait: bool) -> tuple:
+    """One rank of a 2-process gloo group: enter results_lock, say what happened."""
+    from mmrobust.evaluation import results_lock
+    start = time.monotonic()
     try:
-        dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
-                                world_size=2, timeout=datetime.timedelta(seconds=timeout_s))
-        from mmrobust.evaluation import results_lock
-        start = time.monotonic()
-        try:
-            with results_lock(target, **(dict(wait=True, poll_s=0.2) if wait else {})):
-                queue.put((rank, 'entered', time.time()))
-        except Exception as err:  # what each rank ends with
-            queue.put((rank, f'{type(err).__name__}: {err}', time.monotonic() - start))
-        dist.destroy_process_group()
-    except Exception:
-        queue.put((rank, 'crashed: ' + traceback.format_exc(), 0.0))
+        with results_lock(target, **(dict(wait=True, poll_s=0.2) if wait else {})):
+            return 'entered', time.time()
+    except Exception as err:  # what each rank ends with
+        return f'{type(err).__name__}: {err}', time.monotonic() - start
 
 
 def _two_ranks(target: str, wait: bool, timeout_s: float, limit: float = 60.0) -> dict:
-    context = multiprocessing.get_context('spawn')
-    queue = context.Queue()
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
-    procs = [context.Process(target=_rank_main, args=(r, port, target, wait, timeout_s, queue))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    out = {}
-    try:
-        for _ in range(2):
-            rank, what, seconds = queue.get(timeout=limit)
-            out[rank] = (what, seconds)
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    return out
+    """``{rank: (outcome, seconds)}`` of 2 ranks whose collectives time out after
+    ``timeout_s``, launched by the suite's launcher (a rank that crashes fails the test)."""
+    from conftest import run_ranks
+    return dict(enumerate(run_ranks(_lock_outcome, target, wait, limit=limit,
+                                    group_timeout_s=timeout_s)))
 
 
 def test_any_rank0_error_reaches_every_rank_at_once(tmp_path):
