@@ -1,5 +1,6 @@
 """The adversarial step shared by DAT and the attack cells (mmrobust.models.adversarial): the
-random starts' laws, the non-finite guard, and DAT and the attacks taking the same step."""
+random starts' laws, the non-finite guard, the input gradient. (DAT and the attacks taking the
+same step: tests/test_evaluation/test_attacks.py.)"""
 import math
 
 import pytest
@@ -70,49 +71,3 @@ def test_input_gradient_touches_no_parameter_and_matches_autograd():
     loss(ref).backward()
     torch.testing.assert_close(grad, ref.grad)
     assert value == pytest.approx(float(loss(x)))
-
-
-def test_dat_and_the_attacks_take_the_same_step(toy_data):
-    """One step module: FGSM-L2 at ε = α and DAT's L2 step (before its re-quantisation) are the
-    same δ = α g / ‖g‖₂ of the toy detector's training loss (same seed for its samplers)."""
-    from test_attacks import DET, _setup
-
-    from mmrobust.engine.hooks.dat import DATHook
-    from mmrobust.evaluation.attacks import (
-        Attack,
-        _gt_at_input_scale,
-        _image_key,
-        _seed,
-        _seeded,
-        attack_batch,
-    )
-    from mmrobust.models.data_preprocessors import valid_mask
-    model, data = _setup(DET, batch_size=1)
-    alpha = 0.5
-    attack = Attack.from_name('fgsm_l2', alpha)
-    adv = attack_batch(model, data, attack, gt_at_file_scale=True).data['inputs']
-
-    class Identity(torch.nn.Module):
-        factor = 1
-
-        def encode(self, x):
-            return x
-
-        def decode(self, x):
-            return x
-    hook = DATHook(tokenizer=Identity(), alpha=alpha, eps=alpha)
-    hook.attach(model)
-    try:
-        space, x, samples = hook.space, data['inputs'], data['data_samples']
-        mask = valid_mask(samples, tuple(x.shape), x.device)
-        key = _image_key(samples[0], 0)
-        with adversarial.eval_mode(model), _seeded(_seed(attack, key, 0, 0), x.device):
-            grad, _ = hook.input_gradient(x, _gt_at_input_scale(samples))
-        delta = hook.perturbation(space.grad_to_pixels(grad), mask, None)
-    finally:
-        hook.detach()
-    x0 = space.to_pixels(x)
-    attacked = space.to_pixels(adv) - x0
-    inside = ((x0 + delta > 0) & (x0 + delta < 1)).expand_as(x0) & mask
-    assert float(delta.flatten(1).norm(dim=1)) == pytest.approx(alpha, rel=1e-5)
-    torch.testing.assert_close(attacked[inside], delta[inside], rtol=1e-3, atol=1e-6)

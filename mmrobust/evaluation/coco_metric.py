@@ -6,8 +6,9 @@ masks are run-length encoded faster (:mod:`.mask_rle`, byte-identical) and whose
 
 - ``pycocotools``: the reference (mmdet's own default);
 - ``faster-coco-eval``: a drop-in reimplementation of pycocotools' evaluate / accumulate in C++
-  (tests/test_coco_metric.py checks that all 12 numbers of bbox and segm equal pycocotools' to
-  1e-4 on sets with crowd regions, empty images and masks); the default of robustness runs;
+  (tests/test_evaluation/test_coco_metric.py checks that all 12 numbers of bbox and segm
+  equal pycocotools' to 1e-4 on sets with crowd regions, empty images and masks); the
+  default of robustness runs;
 - ``mmdet-mp``: pycocotools with mmdet's multi-process ``COCOevalMP`` (``use_mp_eval=True``).
 
 ``tools/analysis_tools/benchmark_coco_metric.py`` times them on the same predictions.

@@ -5,8 +5,8 @@ mmseg's ``IoUMetric.process`` counts intersection, union, prediction and label a
 project's 2-core CPU, 15 % of the toy segmentor's whole CPU inference
 (``tools/analysis_tools/benchmark_seg_metric.py``). ``FastIoUMetric`` counts the same four
 vectors from one confusion matrix (one ``bincount`` over ``label * C + pred``); the numbers are
-equal (integer counts; tests/test_seg_metric.py), so robustness runs use it in place of
-``IoUMetric``.
+equal (integer counts; tests/test_evaluation/test_seg_metric.py), so robustness runs use it
+in place of ``IoUMetric``.
 """
 from typing import Dict, Sequence, Tuple
 

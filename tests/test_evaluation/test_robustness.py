@@ -588,7 +588,7 @@ def test_bad_attack_arguments_stop_before_anything_is_built(args, message, tmp_p
 def test_detector_attack_cells_run_and_resume(toy_data, tmp_path):
     """PGD cells on the toy Mask R-CNN (ground truth loaded after Resize, rescaled for the
     loss): recorded with the report's table and curve, epsilon 0 equal to clean, a rerun adds
-    nothing. (SegPGD on a detector: tests/test_attacks.py.)"""
+    nothing. (SegPGD on a detector: tests/test_evaluation/test_attacks.py.)"""
     ckpt = _init_checkpoint(DET_CFG, tmp_path / 'det.pth')
     results = tmp_path / 'det.json'
     args = [DET_CFG, ckpt, '--attacks', 'pgd_linf', '--epsilons', '0', '4/255',
