@@ -75,39 +75,13 @@ def build_extras(entries: Sequence[Tuple[str, str, Mapping]], groups: Mapping[st
         corruption_errors,
         interval,
         paired_differences,
-        replicates_of,
         seed_statistics,
     )
     extras = Extras(confidence=boot.confidence if boot else 0.95,
                     replicates=boot.replicates if boot else 0)
     points = {label: summarize(results) for label, _, results in entries}
     metrics = list(metrics) if metrics else main_metrics(points)
-    reps: Dict[str, Dict] = {}
-    stats: Dict[str, Any] = {}
-    if boot is not None and boot.replicates > 0:
-        for label, path, results in entries:
-            if results.get('protocol') == 'mmdet-results':
-                extras.notes.append(f'no intervals for {label}: mmdet\'s results file keeps no '
-                                    'per-image statistics (evaluate with '
-                                    'tools/test_robustness.py)')
-                continue
-            stats[label], reps[label] = replicates_of(path, results, boot)
-            for note in stats[label].notes:
-                extras.notes.append(f'{label}: {note}')
-            if not reps[label]:
-                extras.notes.append(f'no intervals for {label}: no per-image statistics')
-                continue
-            for name, entry in reps[label].items():
-                extras.intervals.setdefault(label, {})[name] = {
-                    q: interval(entry[q], boot.confidence) for q in ('P_clean', 'mPC', 'rPC')
-                    if q in entry}
-                extras.cell_intervals.setdefault(label, {})[name] = {
-                    cell: interval(v, boot.confidence) for cell, v in entry['cells'].items()}
-            missing = [n for n in points[label]['metrics'] if n in reps[label]
-                       and 'mPC' not in reps[label][n]]
-            if missing:
-                extras.notes.append(f'{label}: no mPC / rPC interval (cells of the protocol '
-                                    'without per-image statistics)')
+    stats, reps = _bootstrap_intervals(extras, entries, boot, points)
     # seeds
     for group, labels in groups.items():
         if len(labels) > 1:
@@ -171,6 +145,42 @@ def build_extras(entries: Sequence[Tuple[str, str, Mapping]], groups: Mapping[st
                 extras.errors.setdefault(label, {})[name] = ce
                 extras.notes += [f'{label} {name}: {w}' for w in ce.get('warnings', [])]
     return extras
+
+
+def _bootstrap_intervals(extras: Extras, entries: Sequence[Tuple[str, str, Mapping]],
+                         boot: Optional[Any], points: Mapping[str, Dict]
+                         ) -> Tuple[Dict[str, Any], Dict[str, Dict]]:
+    """Each model's bootstrap replicates and the intervals they give (into ``extras``, with
+    notes on what could not be resampled); ``(statistics, replicates)`` per label."""
+    from .uncertainty import interval, replicates_of
+    reps: Dict[str, Dict] = {}
+    stats: Dict[str, Any] = {}
+    if boot is None or boot.replicates <= 0:
+        return stats, reps
+    for label, path, results in entries:
+        if results.get('protocol') == 'mmdet-results':
+            extras.notes.append(f'no intervals for {label}: mmdet\'s results file keeps no '
+                                'per-image statistics (evaluate with '
+                                'tools/test_robustness.py)')
+            continue
+        stats[label], reps[label] = replicates_of(path, results, boot)
+        for note in stats[label].notes:
+            extras.notes.append(f'{label}: {note}')
+        if not reps[label]:
+            extras.notes.append(f'no intervals for {label}: no per-image statistics')
+            continue
+        for name, entry in reps[label].items():
+            extras.intervals.setdefault(label, {})[name] = {
+                q: interval(entry[q], boot.confidence) for q in ('P_clean', 'mPC', 'rPC')
+                if q in entry}
+            extras.cell_intervals.setdefault(label, {})[name] = {
+                cell: interval(v, boot.confidence) for cell, v in entry['cells'].items()}
+        missing = [n for n in points[label]['metrics'] if n in reps[label]
+                   and 'mPC' not in reps[label][n]]
+        if missing:
+            extras.notes.append(f'{label}: no mPC / rPC interval (cells of the protocol '
+                                'without per-image statistics)')
+    return stats, reps
 
 
 def entries_by(entries: Sequence[Tuple[str, str, Mapping]], label: str) -> Mapping:

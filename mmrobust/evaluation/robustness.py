@@ -5,7 +5,7 @@ protocol with a runner whose model and checkpoint are loaded once, from one data
 dataset is built once (:mod:`.one_pass`; a dataloader per cell where one cannot serve them all).
 A cell's images are corrupted on the fly (in the dataloader workers, right after the
 image-loading step) or read from a corrupted copy written by ``tools/make_corrupted.py``. Each
-cell's metric runs in a worker process beside the next cells' inference (:mod:`.background`).
+cell's metric runs in a worker process beside the next cells' inference (:mod:`.metric_queue`).
 After every cell the results file (:mod:`.results`) is rewritten atomically; a rerun with the
 same identity skips finished cells and computes the metrics of saved predictions.
 """
