@@ -48,6 +48,7 @@ from mmrobust.engine.hooks.strict_load import strict_load_outcome
 from mmrobust.evaluation import RobustnessOptions, evaluate_robustness, results_lock
 from mmrobust.evaluation.attacks import attack_names, attack_plan
 from mmrobust.evaluation.coco_metric import COCO_BACKENDS, DEFAULT_ROBUSTNESS_BACKEND
+from mmrobust.evaluation.overlapped_loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH
 from mmrobust.evaluation.report import plot, summary_markdown, write_csv
 from mmrobust.evaluation.results import parse_shard, report_dir
 from mmrobust.evaluation.robustness import DEFAULT_METRIC_QUEUE
@@ -91,6 +92,16 @@ def parse_args() -> argparse.Namespace:
                              'infer, at most K cells in flight (their predictions are saved '
                              'next to the results file until recorded, so a killed run resumes '
                              f'without inference); 0: serial (default: {DEFAULT_METRIC_QUEUE})')
+    parser.add_argument('--post-process-queue', type=int, default=DEFAULT_POST_PROCESS_QUEUE,
+                        metavar='B',
+                        help="post-process a batch (outputs to the host, mask encoding, the "
+                             "metric's per-batch work) in a thread while the next batches run "
+                             'the model, at most B batches waiting; 0: in the loop (default: '
+                             f'{DEFAULT_POST_PROCESS_QUEUE})')
+    parser.add_argument('--prefetch', type=int, default=DEFAULT_PREFETCH, metavar='B',
+                        help='receive and preprocess (to the device, normalise, pad) up to B '
+                             'batches ahead in a thread while the model runs; 0: in the loop '
+                             f'(default: {DEFAULT_PREFETCH})')
     parser.add_argument('--shard', default=None, metavar='I/N',
                         help='evaluate the I-th (from 0) of N disjoint shards of the cells (the '
                              'clean set in shard 0), into its own results file (default '
@@ -129,6 +140,10 @@ def main() -> None:
     args = parse_args()
     if args.metric_queue < 0:
         raise UsageError(f'--metric-queue must be 0 (serial) or more, got {args.metric_queue}')
+    for name in ('post_process_queue', 'prefetch'):
+        if getattr(args, name) < 0:
+            raise UsageError(f'--{name.replace("_", "-")} must be 0 (in the loop) or more, '
+                             f'got {getattr(args, name)}')
     shard = parse_shard(args.shard) if args.shard else None
     attacks = attack_plan(args.attacks or (), args.epsilons, args.attack_steps,
                           args.attack_step_size,
@@ -160,6 +175,7 @@ def main() -> None:
             checkpoint=args.checkpoint, save_predictions=args.save_predictions,
             checkpoint_load=strict_load_outcome(runner), coco_backend=args.coco_backend,
             metric_queue=args.metric_queue, one_pass=not args.per_cell_loaders, shard=shard,
+            post_process_queue=args.post_process_queue, prefetch=args.prefetch,
             attacks=attacks, per_image=not args.no_per_image_stats))
         runner.call_hook('after_run')
         if runner.rank == 0:

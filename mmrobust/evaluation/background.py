@@ -19,10 +19,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from mmengine.dist import collect_results, get_dist_info
 from mmengine.evaluator.metric import _to_cpu
 from mmengine.logging import print_log
-from mmengine.runner import TestLoop
 
 from ..utils.errors import ConfigError, shareable
 from ..utils.io import TMP_MARK, atomic_write
+from .overlapped_loop import OverlappedTestLoop
 from .results import ResultsLayout
 
 __all__ = ['PREDICTIONS_FORMAT', 'InferenceLoop', 'MetricClassError', 'MetricWorker',
@@ -46,11 +46,12 @@ class MetricClassError(ConfigError):
 
 # -- inference without the metric's computation ----------------------------------------------------
 
-class InferenceLoop(TestLoop):
+class InferenceLoop(OverlappedTestLoop):
     """mmengine's ``TestLoop`` whose :meth:`run` stops before ``compute_metrics``.
 
-    Every rank runs the batches and each metric's ``process`` (as ``TestLoop`` does), then each
-    metric's results are gathered to rank 0 (``collect_results``, every rank takes part).
+    Every rank runs the batches and each metric's ``process`` (as ``TestLoop`` does, in the
+    post-processing thread of :class:`~.overlapped_loop.OverlappedTestLoop`), then each metric's
+    results are gathered to rank 0 (``collect_results``, every rank takes part).
 
     Returns (from :meth:`run`): on rank 0 the gathered results, one list per metric of the
     evaluator, in order; ``None`` on the other ranks.
@@ -61,8 +62,12 @@ class InferenceLoop(TestLoop):
         self.runner.call_hook('before_test_epoch')
         self.runner.model.eval()
         self.test_loss.clear()
-        for idx, data_batch in enumerate(self.dataloader):
-            self.run_iter(idx, data_batch)
+        try:
+            for idx, item in enumerate(self.batches()):
+                self.run_iter(idx, item)
+            self.finish_batches()
+        finally:
+            self.close(cancel=True)  # NOTE: finished, or stopping on an error
         size = len(self.dataloader.dataset)
         parts = [gather_parts(metric, size) for metric in self.evaluator.metrics]
         # NOTE: the metrics are logged when they are recorded, maybe a cell later

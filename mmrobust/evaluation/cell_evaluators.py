@@ -8,12 +8,19 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from mmengine.config import Config
 
+from ..utils.config_checks import leaf_datasets
 from .cells import Cell
-from .coco_metric import DEFAULT_ROBUSTNESS_BACKEND, metric_entries, select_coco_backend
+from .coco_metric import (
+    DEFAULT_ROBUSTNESS_BACKEND,
+    is_coco_metric,
+    metric_entries,
+    select_coco_backend,
+)
 from .results import ResultsLayout
 from .seg_metric import use_fast_iou
 
-__all__ = ['FILE_WRITING_METRICS', 'CellEvaluators', 'cell_metric_outputs', 'side_file_metrics']
+__all__ = ['FILE_WRITING_METRICS', 'CellEvaluators', 'cell_metric_outputs', 'side_file_metrics',
+           'without_unread_gt_masks']
 
 
 #: Metrics that write files in ``process()`` (read back in ``compute_metrics``), by type name.
@@ -61,6 +68,36 @@ def cell_metric_outputs(evaluator_cfg: Any, cell: Tuple[str, int]) -> Any:
         if entry.get('output_dir'):
             entry['output_dir'] = osp.join(entry['output_dir'], f'{cell[0]}_{cell[1]}')
     return evaluator_cfg
+
+
+def _mask_loads(cfg: Config) -> List[Dict]:
+    """The test pipelines' ``LoadAnnotations`` steps that decode instance masks."""
+    return [step for dataset in leaf_datasets(cfg.test_dataloader['dataset'])
+            for step in dataset.get('pipeline') or []
+            if isinstance(step, dict) and str(step.get('type', '')).split('.')[-1]
+            == 'LoadAnnotations' and step.get('with_mask')]
+
+
+def without_unread_gt_masks(cfg: Config, evaluator_cfg: Any) -> Tuple[Config, Optional[str]]:
+    """The config whose test pipeline does not decode ground-truth masks when no metric reads
+    them, and what was decided (None: the pipeline decodes none).
+
+    A COCO metric with an ``ann_file`` scores against the file, never against the decoded
+    bitmaps (N x H x W per image, rasterised in the dataloader workers and sent to the loop:
+    ~9 ms per COCO image to receive). Any other metric may read them, and then they stay.
+    Attack cells, whose loss needs them, keep the config's own pipeline.
+    """
+    if not _mask_loads(cfg):
+        return cfg, None
+    readers = [_type_name(entry) for entry in metric_entries(evaluator_cfg)
+               if not (is_coco_metric(entry) and entry.get('ann_file'))
+               and _type_name(entry) != 'DumpRobustPredictions']
+    if readers:
+        return cfg, f'decoded ({", ".join(readers)} may read them)'
+    cfg = copy.deepcopy(cfg)
+    for step in _mask_loads(cfg):
+        step['with_mask'] = False
+    return cfg, 'not decoded (every metric scores against its annotation file)'
 
 
 @dataclass

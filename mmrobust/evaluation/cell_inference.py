@@ -22,6 +22,7 @@ from .cells import (
 )
 from .metric_queue import cell_label
 from .one_pass import one_pass_loader
+from .overlapped_loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH, OverlappedTestLoop
 
 __all__ = ['attacking', 'one_pass_cells', 'per_cell_cells']
 
@@ -40,10 +41,14 @@ def loading_share(runner, iterations: int) -> Dict[str, float]:
 
 def per_cell_cells(runner, cfg: Config, cells: List[Cell], metric_cfgs, seed: int,
                     bgr_compat: bool, corrupted_root: Optional[str], progress_bar: Progress,
-                    attacks: Optional[Dict[str, Dict]] = None):
+                    attacks: Optional[Dict[str, Dict]] = None,
+                    post_process_queue: int = DEFAULT_POST_PROCESS_QUEUE,
+                    prefetch: int = DEFAULT_PREFETCH):
     """Each cell's inference with its own dataloader (the dataset rebuilt per cell): yields
     ``(cell, gathered results or None, the loop's metrics, dataset_meta, timing)``. Attack
-    cells (of ``attacks``) read the clean images and attack them in the data preprocessor."""
+    cells (of ``attacks``) read the clean images and attack them in the data preprocessor.
+    ``post_process_queue``, ``prefetch``: of :class:`~.overlapped_loop.OverlappedTestLoop`
+    (attack cells preprocess in the loop: their preprocessor attacks with the model)."""
     if corrupted_root:  # NOTE: every sample's stored path, before the first cell's inference
         check_stored_leaves(cfg, corrupted_root, cells)
     counted = False
@@ -54,7 +59,9 @@ def per_cell_cells(runner, cfg: Config, cells: List[Cell], metric_cfgs, seed: in
         loader = cell_dataloader(cfg, None if clean else cell[0], cell[1], seed, bgr_compat,
                                  corrupted_root)
         start = time.perf_counter()
-        loop = InferenceLoop(runner, loader, metric_cfgs(cell)[0])
+        loop = InferenceLoop(runner, loader, metric_cfgs(cell)[0],
+                             post_process_queue=post_process_queue,
+                             prefetch=0 if attacked else prefetch)
         if not counted:
             progress_bar.set_total(progress_bar.total
                                    + len(loop.dataloader.dataset) * len(cells))
@@ -66,7 +73,8 @@ def per_cell_cells(runner, cfg: Config, cells: List[Cell], metric_cfgs, seed: in
             parts = loop.run()
         progress_bar.update(len(loop.dataloader.dataset))
         timing = {'inference_s': round(time.perf_counter() - start, 3),
-                  **loading_share(runner, len(loop.dataloader))}
+                  **loading_share(runner, len(loop.dataloader)),
+                  'post_process_wait_s': round(loop.post_process.wait_s, 3)}
         yield cell, parts, loop.evaluator.metrics, loop.evaluator.dataset_meta, timing
 
 
@@ -93,18 +101,25 @@ def attacking(runner, cfg: Config, attack) -> Iterator[None]:
 
 def one_pass_cells(runner, cfg: Config, cells: List[Cell], evaluator_cfg: Any,
                     seed: int, bgr_compat: bool, corrupted_root: Optional[str],
-                    progress_bar: Progress):
+                    progress_bar: Progress, post_process_queue: int = DEFAULT_POST_PROCESS_QUEUE,
+                    prefetch: int = DEFAULT_PREFETCH):
     """Every cell's inference from one dataloader (:mod:`.one_pass`), the evaluator built once;
     yields as :func:`per_cell_cells`. Raises ``OnePassUnsupported`` before any inference."""
-    from mmengine.runner import TestLoop
     loader, per_cell = one_pass_loader(runner, cfg, cells, seed, bgr_compat, corrupted_root)
     images = loader.dataset.images
     _, world = get_dist_info()
-    loop = TestLoop(runner, loader, evaluator_cfg)
+    loop = OverlappedTestLoop(runner, loader, evaluator_cfg,
+                              post_process_queue=post_process_queue, prefetch=prefetch)
     runner._test_loop = loop  # NOTE: hooks that ask runner.test_dataloader get this one, and
     # the runner does not build (and parse) the config's own test set besides
     progress_bar.set_total(images * len(cells))
     return _iterate_one_pass(runner, loop, cells, per_cell, images, world, progress_bar)
+
+
+def _batch_size(item: Any) -> int:
+    """Samples in a batch of :meth:`~.overlapped_loop.OverlappedTestLoop.batches`."""
+    batch = item[0] if isinstance(item, tuple) else item
+    return len(batch['inputs'])
 
 
 def _iterate_one_pass(runner, loop, cells, per_cell: int, images: int, world: int,
@@ -115,24 +130,29 @@ def _iterate_one_pass(runner, loop, cells, per_cell: int, images: int, world: in
     runner.call_hook('before_test')
     runner.call_hook('before_test_epoch')
     runner.model.eval()
-    batches = iter(loop.dataloader)
+    batches = loop.batches()
     index = 0
-    for cell in cells:
-        progress_bar.describe(cell_label(cell))
-        start, shown = time.perf_counter(), 0
-        for b in range(per_cell):
-            batch = next(batches)
-            loop.run_iter(index, batch)
-            index += 1
-            # NOTE: this rank's samples times the ranks, as far as the cell has images
-            seen = min(images, (b + 1) * len(batch['inputs']) * world)
-            progress_bar.update(seen - shown)
-            shown = seen
-        if shown < images:  # NOTE: this rank had fewer (or no) batches than others
-            progress_bar.update(images - shown)
-        parts = [gather_parts(metric, images) for metric in loop.evaluator.metrics]
-        timing = {'inference_s': round(time.perf_counter() - start, 3),
-                  **loading_share(runner, per_cell)}
-        yield cell, parts, loop.evaluator.metrics, loop.evaluator.dataset_meta, timing
+    try:
+        for cell in cells:
+            progress_bar.describe(cell_label(cell))
+            start, shown, waited = time.perf_counter(), 0, loop.post_process.wait_s
+            for b in range(per_cell):
+                batch = next(batches)
+                loop.run_iter(index, batch)
+                index += 1
+                # NOTE: this rank's samples times the ranks, as far as the cell has images
+                seen = min(images, (b + 1) * _batch_size(batch) * world)
+                progress_bar.update(seen - shown)
+                shown = seen
+            if shown < images:  # NOTE: this rank had fewer (or no) batches than others
+                progress_bar.update(images - shown)
+            loop.finish_batches()  # NOTE: the cell's last batches processed before its gather
+            parts = [gather_parts(metric, images) for metric in loop.evaluator.metrics]
+            timing = {'inference_s': round(time.perf_counter() - start, 3),
+                      **loading_share(runner, per_cell),
+                      'post_process_wait_s': round(loop.post_process.wait_s - waited, 3)}
+            yield cell, parts, loop.evaluator.metrics, loop.evaluator.dataset_meta, timing
+    finally:  # NOTE: also when the caller stops early (an error, a generator closed)
+        loop.close(cancel=True)
     runner.call_hook('after_test_epoch', metrics={})
     runner.call_hook('after_test')

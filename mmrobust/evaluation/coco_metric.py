@@ -28,7 +28,7 @@ from ..utils.errors import MMRobustError, UsageError
 
 __all__ = ['COCO_BACKENDS', 'DEFAULT_ROBUSTNESS_BACKEND', 'CocoBackend', 'UnknownBackendError',
            'BackendNotInstalledError', 'coco_backend', 'RobustCocoMetric', 'select_coco_backend',
-           'metric_entries', 'without_backend']
+           'is_coco_metric', 'metric_entries', 'without_backend']
 
 
 @dataclass(frozen=True)
@@ -291,7 +291,8 @@ def metric_entries(evaluator: Any) -> List[Dict]:
     return [evaluator] if isinstance(evaluator, dict) else []
 
 
-def _is_coco(entry: Dict) -> bool:
+def is_coco_metric(entry: Dict) -> bool:
+    """Whether a metric config is mmdet's or mmrobust's COCO metric."""
     kind = entry.get('type')
     name = kind if isinstance(kind, str) else getattr(kind, '__name__', '')
     return name in _COCO_TYPES
@@ -315,7 +316,7 @@ def select_coco_backend(evaluator: Any, backend: Optional[str] = None,
     """
     labels = []
     for entry in metric_entries(evaluator):
-        if not _is_coco(entry):
+        if not is_coco_metric(entry):
             continue
         chosen = backend or entry.get('backend') or default
         if chosen is None:
@@ -334,7 +335,7 @@ def without_backend(evaluator: Any) -> Any:
     how fast the numbers come, not what they are (for fingerprints of what is evaluated)."""
     evaluator = copy.deepcopy(evaluator)
     for entry in metric_entries(evaluator):
-        if _is_coco(entry):
+        if is_coco_metric(entry):
             entry.pop('backend', None)
             entry.pop('use_mp_eval', None)
             if entry.get('type') in _COCO_TYPES[2:]:

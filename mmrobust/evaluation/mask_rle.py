@@ -6,12 +6,20 @@ mmdet's ``CocoMetric.process`` encodes each mask (N full-size masks per image) w
 bounding box, so :func:`encode_masks` reads each mask about once (which rows, then which columns
 of those rows hold it), transposes only its box, finds the runs there and writes COCO's
 compressed strings for all masks at once: ~13 ms for the same masks (2.6x less).
+
+Masks on an accelerator are encoded there (:func:`device_runs`): the run boundaries are found
+with tensor ops on the masks' device (column-major change points and ``nonzero``), and only the
+boundaries cross to the host, never the N x H x W bitmaps (~30 MB per image at 100 masks of
+640x480, ~100 MB at 1333x800).
 """
 from typing import Dict, List, Sequence, Union
 
 import numpy as np
 
-__all__ = ['encode_masks', 'rle_strings']
+__all__ = ['device_runs', 'encode_masks', 'rle_strings']
+
+#: Elements per chunk of :func:`device_runs` (bounds its extra device memory to ~2 bytes each).
+DEVICE_CHUNK = 1 << 28
 
 
 def _runs(mask: np.ndarray, row_any: np.ndarray) -> np.ndarray:
@@ -61,11 +69,44 @@ def rle_strings(runs: Sequence[np.ndarray]) -> List[bytes]:
     return [part.tobytes() for part in np.split(flat, np.cumsum(per_mask)[:-1])]
 
 
+def device_runs(masks: 'torch.Tensor') -> List[np.ndarray]:  # noqa: F821
+    """Column-major run lengths (zeros first, as pycocotools counts) of (N, H, W) masks,
+    computed on the masks' device; only the change points are copied to the host."""
+    import torch
+    n, h, w = masks.shape
+    size = h * w
+    if n == 0:
+        return []
+    if size == 0:
+        return [np.zeros(1, np.int64) for _ in range(n)]  # NOTE: rleEncode's one empty count
+    runs: List[np.ndarray] = []
+    step = max(1, DEVICE_CHUNK // size)
+    for lo in range(0, n, step):
+        chunk = masks[lo:lo + step]
+        flat = chunk.transpose(1, 2).reshape(len(chunk), size)  # NOTE: column-major, as COCO
+        flat = flat if flat.dtype == torch.bool else flat != 0
+        # a change before pixel j (j >= 1), and before pixel 0 where a mask starts inside: its
+        # first count (zeros) is then 0
+        change = torch.nonzero(flat[:, 1:] != flat[:, :-1]).cpu().numpy()
+        first = flat[:, 0].cpu().numpy()
+        per_mask = np.bincount(change[:, 0], minlength=len(chunk))
+        positions = np.split(change[:, 1] + 1, np.cumsum(per_mask)[:-1])
+        for starts_inside, pos in zip(first, positions):
+            bounds = np.concatenate([[0, 0] if starts_inside else [0], pos, [size]])
+            runs.append(np.diff(bounds).astype(np.int64))
+    return runs
+
+
 def encode_masks(masks: Union[np.ndarray, 'torch.Tensor']) -> List[Dict]:  # noqa: F821
     """``[{'size': [h, w], 'counts': bytes}]`` of (N, H, W) masks, as ``encode_mask_results``
-    gives them (nonzero = inside)."""
+    gives them (nonzero = inside); masks on an accelerator are encoded there
+    (:func:`device_runs`)."""
     if not isinstance(masks, np.ndarray):
-        masks = masks.detach().cpu().numpy()
+        if masks.device.type != 'cpu':
+            _, h, w = masks.shape
+            return [{'size': [h, w], 'counts': s}
+                    for s in rle_strings(device_runs(masks.detach()))]
+        masks = masks.detach().numpy()
     masks = masks if masks.dtype == bool else masks != 0
     n, h, w = masks.shape
     row_any = masks.any(2)

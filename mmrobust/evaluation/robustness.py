@@ -37,7 +37,7 @@ from .attacks import attack_of_cell, check_attack_pipeline
 from .background import (
     worker_imports,
 )
-from .cell_evaluators import CellEvaluators, side_file_metrics
+from .cell_evaluators import CellEvaluators, side_file_metrics, without_unread_gt_masks
 from .cell_inference import one_pass_cells, per_cell_cells
 from .cells import (
     WORST,
@@ -51,6 +51,7 @@ from .coco_metric import (
 )
 from .metric_queue import MetricQueue
 from .one_pass import OnePassUnsupported
+from .overlapped_loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH
 from .per_image import StatsTarget, stats_path
 from .rank0 import (
     RANK0_POLL_S,
@@ -113,6 +114,11 @@ class RobustnessOptions:
         metric_queue: K cells' metrics in flight in a worker process beside the next cells'
             inference (:class:`~.metric_queue.MetricQueue`); 0: serial.
         one_pass: every cell from one dataloader (:mod:`.one_pass`), else one per cell.
+        post_process_queue: batches whose post-processing (``evaluator.process``: outputs to
+            the host, mask encoding) waits in a thread beside the next batches' forward
+            (:mod:`.overlapped_loop`); 0: in the loop.
+        prefetch: batches received and preprocessed ahead of the model, on a thread
+            (:mod:`.overlapped_loop`); 0: in the loop.
         shard: ``(i, n)``, the i-th of n disjoint shards of the cells
             (:func:`~.results.shard_cells`; joined by :func:`~.results.merge_results`).
         attacks: adversarial cells ``(attack, k)`` (:func:`~.attacks.attack_plan`).
@@ -129,6 +135,8 @@ class RobustnessOptions:
     coco_backend: Optional[str] = None
     metric_queue: int = DEFAULT_METRIC_QUEUE
     one_pass: bool = True
+    post_process_queue: int = DEFAULT_POST_PROCESS_QUEUE
+    prefetch: int = DEFAULT_PREFETCH
     shard: Optional[Tuple[int, int]] = None
     attacks: Optional[Dict[str, Dict]] = None
     per_image: bool = True
@@ -140,6 +148,9 @@ def _resolve_source(runner, cfg: Config, opts: RobustnessOptions
     inference on a pipeline that cannot be corrupted or attacked, or a bad shard."""
     if opts.metric_queue < 0:
         raise ValueError(f'metric_queue must be 0 (serial) or more, got {opts.metric_queue}')
+    if opts.post_process_queue < 0 or opts.prefetch < 0:
+        raise ValueError('post_process_queue and prefetch must be 0 (in the loop) or more, '
+                         f'got {opts.post_process_queue} and {opts.prefetch}')
     if opts.shard is not None:
         parse_shard(f'{opts.shard[0]}/{opts.shard[1]}')  # NOTE: raises ShardError
     for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
@@ -235,7 +246,7 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     try:
         for cell, path in plan.saved.items():  # NOTE: rank 0's plan, broadcast to every rank
             rank0_until_done(queue.resume_saved(cell, path) if queue else None)
-        loader_kind = _infer_cells(runner, cfg, plan, opts, source, evaluators, writes_files,
+        loading = _infer_cells(runner, cfg, plan, opts, source, evaluators, writes_files,
                                    queue, progress_bar)
         rank0_until_done(queue.drain() if queue else None)
     except BaseException:
@@ -250,28 +261,37 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         os.rmdir(layout.predictions)
     barrier()
     if results is not None:
-        _finish_results(results, plan, loader_kind, time.perf_counter() - run_start)
+        _finish_results(results, plan, loading, time.perf_counter() - run_start)
     return results.data if results is not None else {}
 
 
 def _infer_cells(runner, cfg: Config, plan: Plan, opts: RobustnessOptions, source: CellSource,
                  evaluators: CellEvaluators, writes_files: Optional[str],
-                 queue: Optional[MetricQueue], progress_bar: Progress) -> str:
+                 queue: Optional[MetricQueue], progress_bar: Progress) -> Dict[str, str]:
     """Every planned cell's inference, each handed to rank 0's metric queue; the corruption
     cells from one dataloader where it can serve them all, the attack cells from their own.
-    Returns how the corruption cells were loaded."""
+    Returns how the corruption cells were loaded (``loader``, ``gt_masks``: whether their
+    ground-truth masks were decoded, :func:`~.cell_evaluators.without_unread_gt_masks`)."""
     attacked = [c for c in plan.infer if is_attack_cell(c[0])]
     corrupted = [c for c in plan.infer if not is_attack_cell(c[0])]
     loader_kind = 'one-pass'
+    loading: Dict[str, str] = {}
     inference = None
     if corrupted:
+        cfg_attacks = cfg  # NOTE: an attack's loss needs the ground truth the pipeline loads
+        cfg, gt_masks = without_unread_gt_masks(cfg, evaluators(corrupted[0])[0])
+        if gt_masks:
+            loading['gt_masks'] = gt_masks
+            print_log(f'ground-truth masks of the corruption cells: {gt_masks}',
+                      logger='current')
         if writes_files:
             loader_kind = f'per-cell ({writes_files})'
         elif opts.one_pass:
             try:
                 inference = one_pass_cells(runner, cfg, corrupted, evaluators(corrupted[0])[0],
                                             source.seed, source.bgr_compat,
-                                            source.corrupted_root, progress_bar)
+                                            source.corrupted_root, progress_bar,
+                                            opts.post_process_queue, opts.prefetch)
             except OnePassUnsupported as err:
                 loader_kind = f'per-cell ({err})'
                 print_log(f'one dataloader cannot serve every cell ({err}): each cell builds '
@@ -280,24 +300,29 @@ def _infer_cells(runner, cfg: Config, plan: Plan, opts: RobustnessOptions, sourc
             loader_kind = 'per-cell (asked for)'
         if inference is None:
             inference = per_cell_cells(runner, cfg, corrupted, evaluators, source.seed,
-                                        source.bgr_compat, source.corrupted_root, progress_bar)
+                                        source.bgr_compat, source.corrupted_root, progress_bar,
+                                        post_process_queue=opts.post_process_queue,
+                                        prefetch=opts.prefetch)
+    else:
+        cfg_attacks = cfg
     if attacked:
         assert opts.attacks
-        attacks = per_cell_cells(runner, cfg, attacked, evaluators, source.seed,
-                                  source.bgr_compat, None, progress_bar, opts.attacks)
+        attacks = per_cell_cells(runner, cfg_attacks, attacked, evaluators, source.seed,
+                                  source.bgr_compat, None, progress_bar, opts.attacks,
+                                  opts.post_process_queue)
         inference = attacks if inference is None else itertools.chain(inference, attacks)
     for cell, parts, loop_metrics, dataset_meta, timing in inference or ():
         rank0_until_done(queue.finish(cell, parts, loop_metrics, dataset_meta, timing)
                           if queue is not None else None)
-    return loader_kind
+    return {'loader': loader_kind, **loading}
 
 
-def _finish_results(results: RobustnessResults, plan: Plan, loader_kind: str,
+def _finish_results(results: RobustnessResults, plan: Plan, loading: Dict[str, str],
                     wall: float) -> None:
     """Rank 0, every cell recorded: the worst case over attacks, how the cells were loaded,
     where the time went; the file saved."""
     _add_worst_case(results)
-    results.data['loader'] = loader_kind
+    results.data.update(loading)
     if all(results.done(c, s) for c, s in planned_cells(results.identity)):
         results.data.pop('partial', None)  # NOTE: a partial merge, completed by this run
     summary = _time_summary(results, plan, wall)

@@ -228,15 +228,16 @@ def test_robustness_runs_choose_the_backend_of_every_coco_metric():
 
 def test_metric_benchmark_prints_ratios_and_checks_equality(tmp_path):
     proc = run_tool('analysis_tools/benchmark_coco_metric.py', '--n', '12', '--per-image', '20',
-                    '--rounds', '1', '--backends', 'faster-coco-eval')
+                    '--rounds', '1', '--backends', 'faster-coco-eval', '--device', 'cpu')
     out = proc.stdout
     assert '| backend | s per cell (1 rounds) | ms per image | pycocotools / backend |' in out
     rows = [line for line in out.splitlines() if line.startswith('| faster-coco-eval ')]
     assert len(rows) == 1 and rows[0].rstrip().endswith('|'), out
     assert float(rows[0].split('|')[5]) <= 1e-4  # the stats agree
     # the mask encoding inside the loop, mmdet's and ours (identical, or the tool stops)
-    rows = [line for line in out.splitlines() if line.startswith('| mmrobust encode_masks |')]
-    assert len(rows) == 1 and rows[0].rstrip().endswith('x |'), out
+    for case in ('mmrobust encode_masks', 'mmrobust device_runs (cpu)'):
+        rows = [line for line in out.splitlines() if line.startswith(f'| {case} |')]
+        assert len(rows) == 1 and rows[0].rstrip().endswith('x |'), out
 
 
 def test_test_tool_honours_a_configured_backend(tmp_path):
@@ -284,6 +285,33 @@ def test_masks_are_run_length_encoded_as_pycocotools_does(size):
     for given in (masks, masks.astype(np.uint8), torch.from_numpy(masks)):
         assert encode_masks(given) == encode_mask_results(masks)  # byte for byte
     assert encode_masks(np.zeros((0, *size), bool)) == []
+
+
+@pytest.mark.parametrize('size', [(1, 1), (1, 5), (5, 1), (7, 3), (33, 17), (480, 640)])
+@pytest.mark.parametrize('chunk', [1, 1 << 28])
+def test_masks_on_a_device_are_encoded_there_as_pycocotools_does(size, chunk, monkeypatch):
+    """The device path (change points found by tensor ops, only they copied to the host) over
+    empty, full, noisy and wrap-around masks (a run from one column's bottom into the next's
+    top), in one chunk and mask by mask; on CUDA too where there is one."""
+    from mmdet.structures.mask import encode_mask_results
+
+    from mmrobust.evaluation import mask_rle
+    monkeypatch.setattr(mask_rle, 'DEVICE_CHUNK', chunk)
+    h, w = size
+    masks = _mask_cases(np.random.default_rng(h * 1000 + w), h, w)
+    wrap = np.zeros((1, h, w), bool)
+    wrap[0, h // 2:, 0] = wrap[0, :h // 2 + 1, min(1, w - 1)] = True
+    masks = np.concatenate([masks, wrap])
+    expected = encode_mask_results(masks)
+    devices = ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
+    for device in devices:
+        for given in (torch.from_numpy(masks), torch.from_numpy(masks.astype(np.uint8))):
+            runs = mask_rle.device_runs(given.to(device))
+            got = [{'size': [h, w], 'counts': s} for s in mask_rle.rle_strings(runs)]
+            assert got == expected  # byte for byte
+            if device != 'cpu':
+                assert mask_rle.encode_masks(given.to(device)) == expected
+    assert mask_rle.device_runs(torch.zeros((0, h, w), dtype=torch.bool)) == []
 
 
 def test_robust_metric_processes_masks_as_mmdet_does(synthetic):

@@ -12,7 +12,9 @@ pycocotools), and the first round checks that every backend's 12 numbers equal p
 
 Before that, the part of the metric inside the test loop: run-length encoding each image's masks
 (`--per-image` full-size masks, ellipses in the detections' boxes, as a Mask R-CNN pastes them),
-mmdet's `encode_mask_results` against mmrobust's `encode_masks`, interleaved, checked identical.
+mmdet's `encode_mask_results` against mmrobust's `encode_masks` on the host and its device path
+(`device_runs`: run boundaries by tensor ops where the masks are, `--device`, default cuda when
+there is one, else the CPU), interleaved, checked identical.
 """
 import sys
 from pathlib import Path
@@ -58,6 +60,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--encode-images', type=int, default=20,
                         help='images whose masks are encoded per round (default 20)')
     parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--device', default=None,
+                        help='device of the device-path RLE (default: cuda if there is one)')
     return parser.parse_args()
 
 
@@ -77,18 +81,29 @@ def instance_masks(dets: List[Dict], gt: Dict, images: int) -> List[np.ndarray]:
     return out
 
 
-def benchmark_encoding(masks: List[np.ndarray], rounds: int) -> None:
-    """mmdet's per-mask RLE against :func:`encode_masks`, interleaved; identical output."""
+def benchmark_encoding(masks: List[np.ndarray], rounds: int, device: str) -> None:
+    """mmdet's per-mask RLE against :func:`encode_masks` on the host and on ``device``
+    (:func:`device_runs`), interleaved; identical output."""
     import torch
     from mmdet.structures.mask import encode_mask_results
 
-    from mmrobust.evaluation.mask_rle import encode_masks
+    from mmrobust.evaluation.mask_rle import device_runs, encode_masks, rle_strings
     tensors = [torch.from_numpy(m) for m in masks]  # NOTE: what process() receives
-    if any(encode_masks(t) != encode_mask_results(t.numpy()) for t in tensors):
+    on_device = [t.to(device) for t in tensors]
+
+    def by_device(t):
+        strings = rle_strings(device_runs(t))
+        return [{'size': list(t.shape[1:]), 'counts': c} for c in strings]
+    if any(encode_masks(t) != encode_mask_results(t.numpy()) or by_device(d) != encode_masks(t)
+           for t, d in zip(tensors, on_device)):
         raise SystemExit('encode_masks differs from pycocotools')
+    # NOTE: mmdet and the host path get host masks, as after the model's own copy to the host
+    # (on a GPU that copy is theirs to pay besides, ~30 MB per image); the device path gets
+    # the masks where the model left them
     cases = {'mmdet encode_mask_results': lambda: [encode_mask_results(t.detach().cpu().numpy())
                                                    for t in tensors],
-             'mmrobust encode_masks': lambda: [encode_masks(t) for t in tensors]}
+             'mmrobust encode_masks': lambda: [encode_masks(t) for t in tensors],
+             f'mmrobust device_runs ({device})': lambda: [by_device(t) for t in on_device]}
     times = interleave(cases, rounds=rounds, warmup=1)
     n = len(masks)
     print(f'\n| mask RLE in the loop ({n} images x {len(masks[0])} masks of '
@@ -122,6 +137,9 @@ def evaluate(backend: str, gt_file: str, results: Dict[str, List[Dict]]) -> np.n
 
 def main() -> None:
     args = parse_args()
+    if args.device is None:
+        import torch
+        args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
     backends = ['pycocotools'] + [b for b in args.backends if b != 'pycocotools']
     labels = {b: coco_backend(b).label for b in backends}  # a missing one stops here
     print(f'{args.n} images, {args.per_image} detections each, {args.classes} classes, '
@@ -135,7 +153,8 @@ def main() -> None:
           f'{sum(len(r) for r in results.values())} detections in '
           f'{time.perf_counter() - start:.0f} s', flush=True)
     if args.encode_images and 'segm' in args.iou_types:
-        benchmark_encoding(instance_masks(dets, gt, args.encode_images), args.rounds)
+        benchmark_encoding(instance_masks(dets, gt, args.encode_images), args.rounds,
+                           args.device)
 
     with tempfile.TemporaryDirectory() as tmp:
         gt_file = os.path.join(tmp, 'gt.json')
