@@ -48,25 +48,34 @@ def _runs(mask: np.ndarray, row_any: np.ndarray) -> np.ndarray:
 
 
 def rle_strings(runs: Sequence[np.ndarray]) -> List[bytes]:
-    """COCO's compressed strings (``rleToString``) of several masks' run lengths, vectorized."""
+    """COCO's compressed strings (``rleToString``) of several masks' run lengths, vectorized:
+    the 5-bit groups of every count at once, group by group while any count needs another."""
     if not runs:
         return []
-    lengths = np.array([len(r) for r in runs])
+    lengths = np.fromiter((len(r) for r in runs), np.int64, len(runs))
     counts = np.concatenate(runs).astype(np.int64)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    index = np.arange(counts.size) - np.repeat(starts, lengths)
+    starts = np.zeros(len(runs), np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
     value = counts.copy()
-    delta = index > 2  # NOTE: from the fourth count on, the difference to the count two back
-    value[delta] -= counts[np.flatnonzero(delta) - 2]
+    index = np.arange(counts.size) - np.repeat(starts, lengths)
+    delta = np.flatnonzero(index > 2)  # NOTE: from the fourth count on, the difference to the
+    value[delta] -= counts[delta - 2]  # count two back
     # 5-bit groups, least significant first, a continuation bit 0x20, offset by 48 ('0')
-    groups = np.stack([(value >> (5 * k)) & 0x1f for k in range(7)], 1)
-    rest = np.stack([value >> (5 * (k + 1)) for k in range(7)], 1)
-    more = np.where(groups & 0x10, rest != -1, rest != 0)
-    chars_per_count = np.argmin(more, axis=1) + 1
-    chars = (groups | (more << 5)) + 48
-    flat = chars[np.arange(7)[None, :] < chars_per_count[:, None]].astype(np.uint8)
-    per_mask = np.add.reduceat(chars_per_count, starts)
-    return [part.tobytes() for part in np.split(flat, np.cumsum(per_mask)[:-1])]
+    chars = np.empty((counts.size, 7), np.uint8)
+    chars_per_count = np.full(counts.size, 7, np.int64)
+    active = np.arange(counts.size)
+    for k in range(7):
+        group = value & 0x1f
+        value = value >> 5  # NOTE: arithmetic: a negative difference ends at -1
+        more = np.where(group & 0x10, value != -1, value != 0)
+        chars[active, k] = (group | (more << 5)) + 48
+        chars_per_count[active[~more]] = k + 1
+        if not more.any():
+            break
+        active, value = active[more], value[more]
+    data = chars[np.arange(7)[None, :] < chars_per_count[:, None]].tobytes()
+    ends = np.cumsum(np.add.reduceat(chars_per_count, starts))
+    return [data[a:b] for a, b in zip([0] + ends[:-1].tolist(), ends.tolist())]
 
 
 def device_runs(masks: 'torch.Tensor') -> List[np.ndarray]:  # noqa: F821
