@@ -141,6 +141,16 @@ def test_metafile_errors_name_the_entry(tmp_path):
          '      - Task: Object Detection\n        Dataset: VOC\n        Metrics:\n'
          '          box AP: 1.0\n', "m: Dataset 'VOC' is not one of"),
         ('    Config: configs/x/m.py\n' + meta, "lacks 'In Collection'"),
+        ('    In Collection: X\n    Config: configs/x/m.py\n' + meta + '    Results:\n'
+         '      - Task: Object Detection\n        Dataset: COCO\n        Metrics:\n'
+         '          box AP: 1.0\n', r'm: an entry with published numbers says what its '
+         r'backbone was pre-trained on \(Metadata.Pre-training\)'),
+        ('    In Collection: X\n    Config: configs/x/m.py\n' + meta
+         + '      Pre-training: ImageNet-1K\n      Robustness Protocol: benchmarkk\n'
+         '    Results:\n      - Task: Object Detection\n        Dataset: COCO-C\n'
+         '        Metrics:\n          box mPC: 1.0\n',
+         r"m: a published corruption number needs the protocol it was measured on .*got "
+         r"'benchmarkk'"),
     ]
     for body, message in cases:
         (folder / 'metafile.yml').write_text(head + body)
@@ -283,3 +293,32 @@ def test_fans_cityscapes_c_targets_belong_to_fans_own_protocol():
     assert [fan.category(c) for c in ('elastic_transform', 'brightness', 'pixelate')] == [
         'blur', 'weather', 'digital']
     assert PUBLISHED_SETUPS['fan_city_c'].bgr_compat
+
+
+def test_published_numbers_say_how_they_were_measured_and_on_what_backbone():
+    """Every published corruption number names its protocol's colour order and storage (one
+    source: PUBLISHED_SETUPS), COCO numbers say box or mask, and FAN-L's row says that its
+    published model was pre-trained otherwise than the weights its config loads."""
+    from mmrobust.corruptions import PUBLISHED_SETUPS
+    for e in (e for e in ENTRIES if e.results):
+        assert e.metadata['Pre-training']
+        for dataset, metric, _ in e.published():
+            if dataset.startswith('COCO'):
+                assert metric.split()[0] in ('box', 'mask'), (e.name, metric)
+            setting = e.published_setting(dataset)
+            if dataset.endswith('-C'):
+                protocol = e.metadata['Robustness Protocol']
+                assert setting.startswith(f'{protocol}, ')
+                setup = PUBLISHED_SETUPS[protocol]
+                assert ('BGR colour order' in setting) == setup.bgr_compat
+                assert ('on the fly' in setting) == (setup.source == 'on-the-fly')
+            else:
+                assert setting == ''
+    rows = {row.split(' | ')[0][2:]: row for row in readme_rows(ENTRIES)[2:]}
+    large = rows['cascade-mask-rcnn_fan-l-hybrid_fpn_ms-3x_coco']
+    assert ('COCO-C box mPC 42 (fan_coco_c, BGR colour order, stored as JPEG quality 95)'
+            in large)
+    assert 'published with ImageNet-1K' in large and 'in22k_1k' in large
+    assert 'published with' not in rows['cascade-mask-rcnn_fan-b-hybrid_fpn_ms-3x_coco']
+    assert ('COCO-C box mPC 17.89 (benchmark, BGR colour order, corrupted on the fly)'
+            in rows['efficientdet-lite0_dat_8xb16-300e_coco'])

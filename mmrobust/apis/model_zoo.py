@@ -6,7 +6,12 @@ Published numbers are the papers' (``Results``), never reproduced here; a metric
 what it is (``box AP``: COCO-style AP@[.5:.95] x 100 on the clean set; ``box mPC`` /
 ``box rPC``: mean over a protocol's corruption cells and its ratio to the clean score, in %;
 ``mIoU`` / ``mIoU mPC`` / ``mIoU rPC`` likewise for segmentation). The protocol the paper
-used is the model's ``Metadata.Robustness Protocol``.
+used is the model's ``Metadata.Robustness Protocol``; how that protocol's published table made
+its corrupted images (colour order, stored or on the fly) is its
+:data:`~mmrobust.corruptions.PUBLISHED_SETUPS` entry, printed beside the number
+(:meth:`ZooEntry.published_setting`). An entry with published numbers says what its config's
+backbone was pre-trained on (``Metadata.Pre-training``) and, where the published model was
+pre-trained otherwise, on what (``Metadata.Published Pre-training``).
 """
 import glob
 import os.path as osp
@@ -35,6 +40,7 @@ METRICS: Dict[str, Tuple[str, float, str]] = {
     'mIoU rPC': ('mIoU', 1., 'rPC'),
 }
 DATASETS = ('COCO', 'COCO-C', 'Cityscapes', 'Cityscapes-C', 'ADE20K')
+CORRUPTED_DATASETS = ('COCO-C', 'Cityscapes-C')
 TASKS_OF_DATA = {'COCO': 'Object Detection', 'Cityscapes': 'Semantic Segmentation',
                  'ADE20K': 'Semantic Segmentation'}
 REQUIRED_METADATA = ('Training Data', 'Parameters', 'Trainable Parameters', 'FLOPs',
@@ -86,6 +92,23 @@ class ZooEntry:
         return [(r['Dataset'], metric, float(value)) for r in self.results
                 for metric, value in r['Metrics'].items()]
 
+    def published_setting(self, dataset: str) -> str:
+        """How the published number on ``dataset`` was measured, where that matters: for a
+        corrupted set, the protocol, colour order and storage of its images (``''`` for a
+        clean set)."""
+        if dataset not in CORRUPTED_DATASETS:
+            return ''
+        from ..corruptions import PUBLISHED_SETUPS
+        protocol = self.metadata['Robustness Protocol']
+        setup = PUBLISHED_SETUPS[protocol]
+        if setup.source == 'on-the-fly':
+            storage = 'corrupted on the fly'
+        elif setup.jpeg_quality:
+            storage = f'stored as JPEG quality {setup.jpeg_quality}'
+        else:
+            storage = 'stored losslessly'
+        return f'{protocol}, {"BGR" if setup.bgr_compat else "RGB"} colour order, {storage}'
+
 
 def zoo_folders(repo: str) -> List[str]:
     """The config folders that hold a metafile."""
@@ -114,6 +137,17 @@ def _check_entry(entry: ZooEntry, collections: Sequence[str], repo: str) -> None
         if unknown:
             raise ZooError(f'{where}: unknown metrics {sorted(unknown)}; known: '
                            f'{sorted(METRICS)}')
+    if entry.results and 'Pre-training' not in entry.metadata:
+        raise ZooError(f'{where}: an entry with published numbers says what its backbone was '
+                       'pre-trained on (Metadata.Pre-training)')
+    if any(r['Dataset'] in CORRUPTED_DATASETS for r in entry.results):
+        from ..corruptions import PUBLISHED_SETUPS
+        protocol = entry.metadata.get('Robustness Protocol')
+        if protocol not in PUBLISHED_SETUPS:
+            raise ZooError(f'{where}: a published corruption number needs the protocol it was '
+                           'measured on (Metadata.Robustness Protocol), one of '
+                           f'{sorted(PUBLISHED_SETUPS)} (PUBLISHED_SETUPS says how its '
+                           f'images were made); got {protocol!r}')
 
 
 def load_zoo(repo: str) -> List[ZooEntry]:
@@ -243,6 +277,19 @@ def zoo_table(entries: Sequence[ZooEntry]) -> str:
     return '\n'.join(lines)
 
 
+def _published_cell(e: ZooEntry) -> List[str]:
+    """A README row's published numbers: each with its setting, and the published model's
+    pre-training where it is not this config's."""
+    lines = []
+    for dataset, metric, value in e.published():
+        setting = e.published_setting(dataset)
+        lines.append(f'{dataset} {metric} {value:g}' + (f' ({setting})' if setting else ''))
+    if lines and e.metadata.get('Published Pre-training'):
+        lines.append(f'published with {e.metadata["Published Pre-training"]} pre-training; '
+                     f'this config: {e.metadata["Pre-training"]}')
+    return lines
+
+
 def readme_rows(entries: Sequence[ZooEntry]) -> List[str]:
     """The Markdown table of a config folder's README.md: one row per entry, with links
     relative to the folder (the README's rows are these lines, checked by the tests)."""
@@ -253,7 +300,7 @@ def readme_rows(entries: Sequence[ZooEntry]) -> List[str]:
         params = _fmt_count(e.params, 'params')
         if trainable != e.params:
             params += f' ({_fmt_count(trainable, "params")})'
-        published = '<br>'.join(f'{d} {m} {v:g}' for d, m, v in e.published()) or '—'
+        published = '<br>'.join(_published_cell(e)) or '—'
         config = osp.basename(e.config)
         lines.append(f'| {e.name} | {params} | {_fmt_count(e.flops, "flops")} '
                      f'({e.metadata["FLOPs Input"]}) | {published} | [config](./{config}) |')

@@ -1,32 +1,16 @@
-# Two-stage detectors with FAN-S-Hybrid on COCO 2017, FAN's detection setting: 3x schedule,
-# multi-scale training 480-800, AdamW lr 1e-4 wd 0.05. A config adds its detector's model base
-# and sets `model.backbone` / `model.neck.in_channels` from ./fan-s-hybrid.py.
+# Faster R-CNN with FAN-S-Hybrid on COCO 2017: mmdet's 3x schedule with multi-scale training
+# 480-800 and FAN's optimiser (AdamW lr 1e-4 wd 0.05). A config adds its detector's model base
+# and sets `model.backbone` / `model.neck.in_channels` from ./fan-s-hybrid.py. (The Cascade
+# Mask R-CNN configs carry FAN's full detection recipe: ../cascade-mask-rcnn_*.py.)
 _base_ = ['mmdet::common/ms_3x_coco.py', './fan-s-hybrid.py']
 custom_imports = dict(imports=['mmrobust'], allow_failed_imports=False)
 
-_ms_train = [
-    dict(type='RandomResize', scale=[(1333, 480), (1333, 800)], keep_ratio=True),
-    dict(type='RandomFlip', prob=0.5),
-    dict(type='PackDetInputs')
-]
 train_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='LoadAnnotations', with_bbox=True),
-    *_ms_train,
-]
-# for detectors with a mask head: masks loaded in training and testing (as mmdet's
-# common/ms_3x_coco-instance.py does)
-fan_ms_mask_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
-    *_ms_train,
-]
-fan_mask_test_pipeline = [
-    dict(type='LoadImageFromFile', backend_args=None),
-    dict(type='Resize', scale=(1333, 800), keep_ratio=True),
-    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
-    dict(type='PackDetInputs',
-         meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor'))
+    dict(type='RandomResize', scale=[(1333, 480), (1333, 800)], keep_ratio=True),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='PackDetInputs')
 ]
 train_dataloader = dict(dataset=dict(dataset=dict(pipeline=train_pipeline)))
 
