@@ -55,7 +55,8 @@ def toy_data() -> Dict[str, Path]:
     # NOTE: pytest-xdist workers share the folder: one generates, the others wait and skip
     with open(REPO / 'data' / '.toy_data.lock', 'w') as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        for name in ('toy_coco', 'toy_cityscapes'):
+        for name in ('toy_coco', 'toy_cityscapes', 'toy_acdc', 'toy_foggy_cityscapes',
+                     'toy_dark_zurich', 'toy_coco_o'):
             roots[name] = REPO / 'data' / name
             generate_toy_dataset(name, str(roots[name]), seed=0)
     return roots

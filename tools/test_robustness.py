@@ -44,6 +44,13 @@ from mmrobust.apis import (
 )
 from mmrobust.corruptions import Protocol, resolve_protocol
 from mmrobust.corruptions.stored import read_stored_set, stored_settings
+from mmrobust.datasets.shift_sets import (
+    SHIFT_BUNDLES,
+    SHIFT_FAMILIES,
+    SHIFT_SETS,
+    check_shift_root,
+    parse_shifts,
+)
 from mmrobust.engine.hooks.strict_load import strict_load_outcome
 from mmrobust.evaluation import RobustnessOptions, evaluate_robustness, results_lock
 from mmrobust.evaluation.attacks import attack_names, attack_plan
@@ -114,6 +121,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--per-cell-loaders', action='store_true',
                         help='build the test dataset and its dataloader anew for every cell (the '
                              'loop before the one-pass loader; the same inputs, slower)')
+    parser.add_argument('--shifts', nargs='+', default=None, metavar='SHIFT',
+                        help='real-world shift cells (the config\'s pipeline and metric on '
+                             'another set, not in mPC): sets '
+                             f'({", ".join(SHIFT_SETS)}), SET:LEVEL, foggy_<beta>, or bundles '
+                             f'({", ".join(SHIFT_BUNDLES)}); without --protocol / --corruptions '
+                             'only these and the clean set run')
+    parser.add_argument('--shift-root', nargs='+', default=[], metavar='FAMILY=PATH',
+                        help='where a shift family lives (default data/<family>): '
+                             f'{", ".join(SHIFT_FAMILIES)}')
     parser.add_argument('--attacks', nargs='+', default=None, metavar='ATTACK',
                         help='white-box attack cells, each at every --epsilons: '
                              f'{", ".join(attack_names())} (segpgd / cospgd: segmentors); '
@@ -136,6 +152,18 @@ def parse_args() -> argparse.Namespace:
     return parse_launch_args(parser)
 
 
+def _shift_roots(items) -> dict:
+    """``{family: root}`` of ``--shift-root FAMILY=PATH`` items."""
+    roots = {}
+    for item in items:
+        family, _, path = item.partition('=')
+        if family not in SHIFT_FAMILIES or not path:
+            raise UsageError(f'--shift-root takes FAMILY=PATH with FAMILY one of '
+                             f'{", ".join(SHIFT_FAMILIES)}; got {item!r}')
+        roots[family] = path
+    return roots
+
+
 def main() -> None:
     args = parse_args()
     if args.metric_queue < 0:
@@ -152,8 +180,14 @@ def main() -> None:
                           0 if args.seed is None else args.seed)
     if args.epsilons and not attacks:
         raise UsageError('--epsilons needs --attacks (e.g. --attacks pgd_linf)')
-    if attacks and args.protocol is None and args.corruptions is None:
-        protocol = Protocol('attacks', 'adversarial cells only', {})
+    shifts = parse_shifts(args.shifts) if args.shifts else None
+    shift_roots = _shift_roots(args.shift_root)
+    for name, level in shifts or ():  # NOTE: a missing or mis-laid set stops before any build
+        check_shift_root(name, level, shift_roots)
+    if (attacks or shifts) and args.protocol is None and args.corruptions is None:
+        protocol = Protocol('attacks' if attacks else 'shifts',
+                            'adversarial cells only' if attacks and not shifts else
+                            'the cells asked for only', {})
     else:
         protocol = resolve_protocol(args.protocol, args.corruptions, args.severities)
     if args.corrupted_root:  # NOTE: a half-written or mismatching set stops before any build
@@ -176,7 +210,8 @@ def main() -> None:
             checkpoint_load=strict_load_outcome(runner), coco_backend=args.coco_backend,
             metric_queue=args.metric_queue, one_pass=not args.per_cell_loaders, shard=shard,
             post_process_queue=args.post_process_queue, prefetch=args.prefetch,
-            attacks=attacks, per_image=not args.no_per_image_stats))
+            attacks=attacks, per_image=not args.no_per_image_stats, shifts=shifts,
+            shift_roots=shift_roots))
         runner.call_hook('after_run')
         if runner.rank == 0:
             label = osp.splitext(osp.basename(args.config))[0]

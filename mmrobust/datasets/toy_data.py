@@ -320,10 +320,144 @@ def make_toy_cityscapes(root: str, seed: int = 0, num_train: int = 32,
     return counts
 
 
+# -- toy real-world shift sets (mmrobust/datasets/shift_sets.py), in their published layouts ------
+# Each draws its own scenes (a stream of its own per set and condition) and degrades them the way
+# its condition looks (fog lifts the blacks, night darkens, rain streaks, snow speckles), so a
+# model trained on the toy Cityscapes / COCO scores lower there, as on the real sets.
+
+def _shift_rng(seed: int, stream: int, index: int) -> np.random.Generator:
+    return np.random.default_rng([seed, 100 + stream, index])
+
+
+def _condition(img: np.ndarray, condition: str, rng: np.random.Generator) -> np.ndarray:
+    """A toy look of an adverse condition or a depiction domain on an RGB uint8 image."""
+    x = img.astype(np.float32)
+    h, w = x.shape[:2]
+    if condition == 'fog':
+        x = 0.45 * x + 0.55 * 200
+    elif condition in ('night', 'dark'):
+        x = 255 * (x / 255) ** 1.6 * 0.3 + rng.normal(0, 4, x.shape)
+    elif condition == 'rain':
+        x = 0.75 * x
+        for _ in range(int(h * w / 800)):
+            x0, y0 = rng.uniform(0, w), rng.uniform(0, h)
+            cv2.line(x, (int(x0), int(y0)), (int(x0 + 3), int(y0 + 14)), (200, 200, 210), 1)
+    elif condition == 'snow':
+        x = 0.8 * x + 0.2 * 235
+        dots = rng.random((h, w)) < 0.02
+        x[dots] = 250
+    elif condition == 'sketch':
+        gray = cv2.cvtColor(img, cv2.COLOR_RGB2GRAY)
+        x = np.repeat((255 - cv2.Canny(gray, 50, 150))[..., None], 3, 2).astype(np.float32)
+    elif condition == 'cartoon':
+        x = (x // 64) * 64 + 32
+    elif condition == 'painting':
+        x = cv2.GaussianBlur(x, (7, 7), 2.0) + rng.normal(0, 6, x.shape)
+    elif condition == 'tattoo':
+        gray = cv2.cvtColor(img, cv2.COLOR_RGB2GRAY).astype(np.float32)
+        x = np.stack([gray * 0.3 + 160, gray * 0.3 + 120, gray * 0.3 + 100], 2)
+    elif condition == 'handmake':
+        gray = cv2.cvtColor(img, cv2.COLOR_RGB2GRAY).astype(np.float32)[..., None]
+        x = 0.5 * x + 0.5 * gray + rng.normal(0, 10, x.shape)
+    else:  # 'weather'
+        x = 0.6 * x + 0.4 * 190
+    return np.clip(x, 0, 255).astype(np.uint8)
+
+
+def _write_seg_pair(img_path: str, gt_path: str, img: np.ndarray, label: np.ndarray) -> None:
+    _write_image(img_path, img)
+    _write_image(gt_path, label)
+
+
+def make_toy_acdc(root: str, seed: int = 0, per_condition: int = 2) -> Dict[str, int]:
+    """Write a toy ACDC (val) in its layout: ``rgb_anon/<condition>/val/<seq>/*_rgb_anon.png``
+    and ``gt/<condition>/val/<seq>/*_gt_labelTrainIds.png``."""
+    counts = {}
+    for k, condition in enumerate(('fog', 'night', 'rain', 'snow')):
+        for i in range(per_condition):
+            rng = _shift_rng(seed, k, i)
+            img, label = _toy_cityscapes_image(rng)
+            stem = f'GOPR04{75 + k}_frame_{i:06d}'
+            seq = stem.split('_')[0]
+            _write_seg_pair(
+                osp.join(root, 'rgb_anon', condition, 'val', seq, f'{stem}_rgb_anon.png'),
+                osp.join(root, 'gt', condition, 'val', seq, f'{stem}_gt_labelTrainIds.png'),
+                _condition(img, condition, rng), label)
+        counts[f'{condition}_images'] = per_condition
+    return counts
+
+
+def make_toy_foggy_cityscapes(root: str, seed: int = 0, num_val: int = 4) -> Dict[str, int]:
+    """Write a toy Foggy Cityscapes (val): the toy Cityscapes val scenes of the same seed and
+    names, fogged at the three densities, in ``leftImg8bit_foggy/val/<city>/<stem>_leftImg8bit_
+    foggy_beta_<beta>.png``, beside their ``gtFine/val/<city>/<stem>_gtFine_labelTrainIds.png``."""
+    for i in range(num_val):
+        img, label = _toy_cityscapes_image(_rng(seed, 'val', i))
+        stem = f'frankfurt_{i:06d}_000019'
+        gt_dir = osp.join(root, 'gtFine', 'val', 'frankfurt')
+        _write_image(osp.join(gt_dir, f'{stem}_gtFine_labelTrainIds.png'), label)
+        for beta in ('0.005', '0.01', '0.02'):
+            # NOTE: transmission exp(-beta * d) at a toy depth of 60 m, towards a grey sky
+            t = math.exp(-float(beta) * 60)
+            fogged = np.clip(img.astype(np.float32) * t + 200 * (1 - t), 0, 255).astype(np.uint8)
+            _write_image(osp.join(root, 'leftImg8bit_foggy', 'val', 'frankfurt',
+                                  f'{stem}_leftImg8bit_foggy_beta_{beta}.png'), fogged)
+    return {'val_images': num_val, 'betas': 3}
+
+
+def make_toy_dark_zurich(root: str, seed: int = 0, num_val: int = 3) -> Dict[str, int]:
+    """Write a toy Dark Zurich (val) in its layout: ``rgb_anon/val/night/<seq>/*_rgb_anon.png``
+    and ``gt/val/night/<seq>/*_gt_labelTrainIds.png``."""
+    for i in range(num_val):
+        rng = _shift_rng(seed, 10, i)
+        img, label = _toy_cityscapes_image(rng)
+        stem = f'GOPR0356_{i:06d}'
+        _write_seg_pair(osp.join(root, 'rgb_anon', 'val', 'night', 'GOPR0356',
+                                 f'{stem}_rgb_anon.png'),
+                        osp.join(root, 'gt', 'val', 'night', 'GOPR0356',
+                                 f'{stem}_gt_labelTrainIds.png'),
+                        _condition(img, 'night', rng), label)
+    return {'val_images': num_val}
+
+
+def make_toy_coco_o(root: str, seed: int = 0, per_domain: int = 4) -> Dict[str, int]:
+    """Write a toy COCO-O in its layout: ``<domain>/val2017/*.jpg`` and
+    ``<domain>/annotations/instances_val2017.json`` for its six domains, the toy COCO classes."""
+    categories = [dict(id=i + 1, name=n, supercategory='shape')
+                  for i, n in enumerate(TOY_COCO_CLASSES)]
+    counts = {}
+    domains = ('sketch', 'weather', 'cartoon', 'painting', 'tattoo', 'handmake')
+    for k, domain in enumerate(domains):
+        images, annotations = [], []
+        for i in range(per_domain):
+            rng = _shift_rng(seed, 20 + k, i)
+            img, objs = _toy_coco_image(rng)
+            image_id = i + 1
+            file_name = f'{image_id:012d}.jpg'
+            _write_image(osp.join(root, domain, 'val2017', file_name),
+                         _condition(img, domain, rng))
+            images.append(dict(id=image_id, file_name=file_name, height=img.shape[0],
+                               width=img.shape[1]))
+            for obj in objs:
+                annotations.append(dict(id=len(annotations) + 1, image_id=image_id, **obj))
+        _write_json(osp.join(root, domain, 'annotations', 'instances_val2017.json'),
+                    dict(info=dict(description=f'mmrobust toy COCO-O {domain} (seed {seed})'),
+                         images=images, annotations=annotations, categories=categories))
+        counts[f'{domain}_images'] = per_domain
+    return counts
+
+
 TOY_DATASETS: Dict[str, Callable[..., Dict[str, int]]] = {
     'toy_coco': make_toy_coco,
     'toy_cityscapes': make_toy_cityscapes,
+    'toy_acdc': make_toy_acdc,
+    'toy_foggy_cityscapes': make_toy_foggy_cityscapes,
+    'toy_dark_zurich': make_toy_dark_zurich,
+    'toy_coco_o': make_toy_coco_o,
 }
+#: the shift family each toy shift set stands for (``--shift-root FAMILY=data/TOY``)
+TOY_SHIFT_ROOTS = {'acdc': 'toy_acdc', 'foggy_cityscapes': 'toy_foggy_cityscapes',
+                   'dark_zurich': 'toy_dark_zurich', 'coco_o': 'toy_coco_o'}
 
 _MARKER = '.mmrobust_toy.json'
 

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from mmengine.config import Config
 
+from ..datasets.shift_sets import is_shift_cell, shift_ann_file
 from ..utils.config_checks import leaf_datasets
 from .cells import Cell
 from .coco_metric import (
@@ -103,10 +104,12 @@ def without_unread_gt_masks(cfg: Config, evaluator_cfg: Any) -> Tuple[Config, Op
 @dataclass
 class CellEvaluators:
     """Each cell's evaluator config: the config's, its COCO backend chosen, FastIoU for IoU,
-    per-image statistics on, its outputs made the cell's own, and the predictions dump."""
+    per-image statistics on, its outputs made the cell's own, and the predictions dump; a
+    detection shift cell's COCO metrics score against its set's annotation file."""
     evaluator: Any
     backends: List[str]
     save_predictions: Optional[str]
+    shift_roots: Optional[Dict[str, str]] = None
 
     @classmethod
     def build(cls, cfg: Config, opts: Any) -> 'CellEvaluators':
@@ -118,11 +121,16 @@ class CellEvaluators:
             for entry in metric_entries(evaluator):
                 if entry.get('type') in ('RobustCocoMetric', 'FastIoUMetric'):
                     entry['per_image'] = True
-        return cls(evaluator, list(backends), opts.save_predictions)
+        return cls(evaluator, list(backends), opts.save_predictions, opts.shift_roots)
 
     def __call__(self, cell: Cell) -> Tuple[Any, List[Dict]]:
         """The evaluator config of a cell and its metric configs, in the evaluator's order."""
         evaluator = cell_metric_outputs(copy.deepcopy(self.evaluator), cell)
+        ann = shift_ann_file(*cell, self.shift_roots) if is_shift_cell(cell[0]) else None
+        if ann:
+            for entry in metric_entries(evaluator):
+                if is_coco_metric(entry):
+                    entry['ann_file'] = ann
         if self.save_predictions:
             evaluator = list(evaluator) if isinstance(evaluator, (list, tuple)) else [evaluator]
             evaluator.append(dict(type='DumpRobustPredictions', out_file_path=(

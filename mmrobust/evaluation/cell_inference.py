@@ -19,6 +19,8 @@ from .cells import (
     check_stored_leaves,
     gt_at_file_scale,
     is_attack_cell,
+    is_shift_cell,
+    shift_dataloader,
 )
 from .metric_queue import cell_label
 from .one_pass import one_pass_loader
@@ -43,10 +45,13 @@ def per_cell_cells(runner, cfg: Config, cells: List[Cell], metric_cfgs, seed: in
                     bgr_compat: bool, corrupted_root: Optional[str], progress_bar: Progress,
                     attacks: Optional[Dict[str, Dict]] = None,
                     post_process_queue: int = DEFAULT_POST_PROCESS_QUEUE,
-                    prefetch: int = DEFAULT_PREFETCH):
+                    prefetch: int = DEFAULT_PREFETCH,
+                    shift_roots: Optional[Dict[str, str]] = None):
     """Each cell's inference with its own dataloader (the dataset rebuilt per cell): yields
     ``(cell, gathered results or None, the loop's metrics, dataset_meta, timing)``. Attack
-    cells (of ``attacks``) read the clean images and attack them in the data preprocessor.
+    cells (of ``attacks``) read the clean images and attack them in the data preprocessor;
+    real-world shift cells read their set (``shift_roots``: its family's root, else the
+    default).
     ``post_process_queue``, ``prefetch``: of :class:`~.overlapped_loop.OverlappedTestLoop`
     (attack cells preprocess in the loop: their preprocessor attacks with the model)."""
     if corrupted_root:  # NOTE: every sample's stored path, before the first cell's inference
@@ -56,15 +61,20 @@ def per_cell_cells(runner, cfg: Config, cells: List[Cell], metric_cfgs, seed: in
         progress_bar.describe(cell_label(cell))
         attacked = is_attack_cell(cell[0])
         clean = cell[0] == CLEAN or attacked
-        loader = cell_dataloader(cfg, None if clean else cell[0], cell[1], seed, bgr_compat,
-                                 corrupted_root)
+        if is_shift_cell(cell[0]):
+            loader = shift_dataloader(cfg, cell, shift_roots)
+        else:
+            loader = cell_dataloader(cfg, None if clean else cell[0], cell[1], seed, bgr_compat,
+                                     corrupted_root)
         start = time.perf_counter()
         loop = InferenceLoop(runner, loader, metric_cfgs(cell)[0],
                              post_process_queue=post_process_queue,
                              prefetch=0 if attacked else prefetch)
-        if not counted:
-            progress_bar.set_total(progress_bar.total
-                                   + len(loop.dataloader.dataset) * len(cells))
+        if is_shift_cell(cell[0]):  # NOTE: each shift set has its own size
+            progress_bar.set_total(progress_bar.total + len(loop.dataloader.dataset))
+        elif not counted:
+            progress_bar.set_total(progress_bar.total + len(loop.dataloader.dataset)
+                                   * sum(not is_shift_cell(c[0]) for c in cells))
             counted = True
         with ExitStack() as stack:
             if attacked:

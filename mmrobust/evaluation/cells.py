@@ -17,13 +17,15 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from mmengine.config import Config, ConfigDict
 
 from ..corruptions.stored import cell_folder, cell_image_path
+from ..datasets.shift_sets import is_shift_cell, shift_dataset
 from ..utils.config_checks import leaf_datasets
 from ..utils.errors import InputNotFoundError, MMRobustError
 
 __all__ = ['ATTACKS', 'CLEAN', 'NORMS', 'SEGMENTATION_ONLY', 'WORST', 'Cell', 'CellSource',
            'PipelineError', 'annotations_after_resize', 'attack_names', 'cell_dataloader',
            'check_stored_leaves', 'check_stored_paths', 'find_loading_step', 'gt_at_file_scale',
-           'is_attack_cell', 'transform_names']
+           'is_attack_cell', 'is_corruption_cell', 'is_shift_cell', 'shift_dataloader',
+           'transform_names']
 
 #: a cell: (corruption, attack or ``clean``, severity or budget index)
 Cell = Tuple[str, int]
@@ -40,6 +42,12 @@ WORST = 'worst'
 
 def attack_names() -> List[str]:
     return [f'{a}_{n}' for a in ATTACKS for n in NORMS]
+
+
+def is_corruption_cell(name: str) -> bool:
+    """Whether a results cell is a corruption's: what mPC averages over (not the clean set, an
+    attack's or a real-world shift's, :mod:`~mmrobust.datasets.shift_sets`)."""
+    return name != CLEAN and not is_attack_cell(name) and not is_shift_cell(name)
 
 
 def is_attack_cell(name: str) -> bool:
@@ -153,6 +161,26 @@ def cell_dataloader(cfg: Config, corruption: Optional[str], severity: int, seed:
     for dataset in leaf_datasets(loader['dataset']):
         dataset['pipeline'] = source.insert_step(dataset['pipeline'], dataset, corruption,
                                                  severity)
+    return loader
+
+
+def shift_dataloader(cfg: Config, cell: Cell, roots: Optional[Mapping[str, str]]) -> ConfigDict:
+    """The test dataloader config of a real-world shift cell: the config's test dataset (its
+    pipeline and metainfo) pointed at the shift set's images and labels.
+
+    Raises:
+        UsageError: the test dataset is several datasets (a shift replaces one).
+    """
+    from ..utils.errors import UsageError
+    loader = copy.deepcopy(cfg.test_dataloader)
+    leaves = leaf_datasets(loader['dataset'])
+    if len(leaves) != 1:
+        raise UsageError(f'shift cell {cell[0]}: the test dataloader holds {len(leaves)} '
+                         'datasets; a shift set replaces one test dataset')
+    leaf = leaves[0]
+    shifted = shift_dataset(leaf, cell[0], cell[1], roots)
+    leaf.clear()
+    leaf.update(shifted)
     return loader
 
 

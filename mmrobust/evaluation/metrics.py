@@ -9,7 +9,7 @@ corruption weighs the same whatever its number of severities.
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..corruptions import CATEGORIES, CORRUPTIONS, Protocol
-from .cells import CLEAN, is_attack_cell
+from .cells import CLEAN, is_corruption_cell
 
 __all__ = ['CLEAN', 'Cells', 'mean_over_corruptions', 'robustness_summary']
 
@@ -56,10 +56,9 @@ def robustness_summary(cells: Cells, protocol: Optional[Protocol] = None) -> Dic
         return protocol.category(corruption) if protocol is not None else \
             CORRUPTIONS[corruption].category
 
-    # NOTE: attack cells are not corruptions
+    # NOTE: attack and shift cells are not corruptions
     wanted = protocol.cells() if protocol is not None else [
-        (c, int(s)) for c, sevs in cells.items()
-        if c != CLEAN and not is_attack_cell(c) for s in sevs]
+        (c, int(s)) for c, sevs in cells.items() if is_corruption_cell(c) for s in sevs]
     present = [(c, s, get(c, s)) for c, s in wanted if get(c, s) is not None]
     missing = [(c, s) for c, s in wanted if get(c, s) is None]
     clean = get(CLEAN, 0) or {}

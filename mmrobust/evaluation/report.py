@@ -6,9 +6,11 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..corruptions import BENCHMARK_CORRUPTIONS, CATEGORIES, CORRUPTIONS, Protocol
+from ..datasets.shift_sets import is_shift_cell
 from ..utils.io import save_figure
 from .metrics import robustness_summary
 from .results import corruption_cells, load_results
+from .shift_report import plot_shifts, shift_markdown, write_shift_csv
 from .worst_case import WORST
 
 __all__ = ['Extras', 'build_extras', 'load_results', 'summarize', 'summary_markdown',
@@ -359,6 +361,7 @@ def summary_markdown(results_by_label: Mapping[str, Mapping],
     if notes:
         lines += [''] + notes
     lines += _adversarial_markdown(results_by_label, metrics)
+    lines += shift_markdown(results_by_label, metrics, extras)
     lines += _extras_markdown(extras)
     return '\n'.join(lines)
 
@@ -378,7 +381,8 @@ def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str,
         for label, results in results_by_label.items():
             for corruption, by_severity in results['cells'].items():
                 category = CORRUPTIONS[corruption].category if corruption in CORRUPTIONS else (
-                    'adversarial' if corruption in (results.get('attacks') or {}) else '')
+                    'adversarial' if corruption in (results.get('attacks') or {}) else
+                    'real-world shift' if is_shift_cell(corruption) else '')
                 for severity, scores in sorted(by_severity.items(), key=lambda kv: int(kv[0])):
                     for metric, value in scores.items():
                         iv = extras.cell_intervals.get(label, {}).get(metric, {}).get(
@@ -431,6 +435,8 @@ def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str,
                         setting = attack_setting(results_by_label[label], attack)
                         for eps, value in points:
                             writer.writerow([label, attack, eps, metric, value, setting])
+    names = main_metrics({label: summarize(r) for label, r in results_by_label.items()})
+    write_shift_csv(results_by_label, out_dir, names, extras)
     return cells_path, summary_path
 
 
@@ -488,6 +494,7 @@ def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
                                f'{name} per severity',
                                osp.join(out_dir, f'per_severity_{safe}.png')))
 
+        written += plot_shifts(results_by_label, out_dir, [name], extras)
         if extras is not None and any(name in by for by in extras.intervals.values()):
             written.append(_interval_plot(summaries, extras, name,
                                           osp.join(out_dir, f'intervals_{safe}.png')))

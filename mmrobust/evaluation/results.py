@@ -17,9 +17,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..corruptions import CORRUPTIONS
 from ..utils.errors import InputNotFoundError, MMRobustError
 from ..utils.io import ResultsStore
-from .cells import CLEAN, is_attack_cell
+from .cells import CLEAN, is_corruption_cell
 
-__all__ = ['RESULTS_FORMAT', 'IDENTITY_KEYS', 'LEGACY_IDENTITY_KEYS', 'INFO_KEYS',
+__all__ = ['RESULTS_FORMAT', 'IDENTITY_KEYS', 'LEGACY_IDENTITY_KEYS', 'INFO_KEYS', 'SHIFTS_KEY',
            'RobustnessResults', 'ShardError', 'ShardSpecError', 'NotAResultsFileError',
            'file_sha256', 'evaluation_sha256', 'identity_sha256', 'load_results',
            'ResultsLayout', 'corruption_cells', 'make_identity', 'merge_results', 'parse_shard',
@@ -31,6 +31,9 @@ RESULTS_FORMAT = 'mmrobust-robustness/1'
 #: its manifest; ``attacks``: the attacks, their budgets and settings).
 IDENTITY_KEYS = ('protocol', 'cells_planned', 'seed', 'bgr_compat', 'source', 'stored_set',
                  'attacks', 'config_sha256', 'checkpoint_sha256', 'shard')
+#: The real-world shift cells (:mod:`~mmrobust.datasets.shift_sets`): an identity key of the
+#: files that have them (so that a file without them keeps its fingerprint), compared always.
+SHIFTS_KEY = 'shifts'
 #: The identity keys of results files written before a file recorded its ``identity_keys``.
 LEGACY_IDENTITY_KEYS = ('protocol', 'cells_planned', 'seed', 'bgr_compat', 'source',
                         'config_sha256', 'checkpoint_sha256', 'shard')
@@ -113,13 +116,15 @@ def make_identity(protocol: Any, seed: int, bgr_compat: bool,
                   attacks: Optional[Mapping] = None, config: Optional[str] = None,
                   config_sha256: Optional[str] = None, checkpoint: str = '',
                   scope: Optional[str] = None, shard: Optional[Tuple[int, int]] = None,
-                  checkpoint_load: Optional[Mapping] = None) -> Dict[str, Any]:
+                  checkpoint_load: Optional[Mapping] = None,
+                  shifts: Optional[Mapping] = None) -> Dict[str, Any]:
     """What a robustness results file records of its evaluation: :data:`IDENTITY_KEYS` (compared
     on resume and merge) and :data:`INFO_KEYS` (for the reader).
 
     ``protocol`` is a :class:`~mmrobust.corruptions.Protocol`; ``stored_set`` the provenance of
     a stored corrupted set (:func:`~mmrobust.corruptions.stored.stored_set_identity`), None when
-    the cells are corrupted on the fly.
+    the cells are corrupted on the fly; ``shifts`` the real-world shift cells
+    (:func:`~mmrobust.datasets.shift_sets.shift_identity`).
     """
     from ..version import __version__
     identity: Dict[str, Any] = {
@@ -137,6 +142,9 @@ def make_identity(protocol: Any, seed: int, bgr_compat: bool,
         'shard': {'index': shard[0], 'count': shard[1]} if shard else None,
         'identity_keys': list(IDENTITY_KEYS),
     }
+    if shifts:
+        identity[SHIFTS_KEY] = dict(shifts)
+        identity['identity_keys'].append(SHIFTS_KEY)
     if checkpoint_load is not None:
         identity['checkpoint_load'] = dict(checkpoint_load)
         if any(checkpoint_load.get(k) for k in ('missing', 'unexpected', 'errors')):
@@ -158,7 +166,7 @@ class RobustnessResults(ResultsStore):
     def __init__(self, path: str, identity: Dict) -> None:
         identity = {'format': RESULTS_FORMAT, **identity}
         identity.setdefault('identity_keys', list(IDENTITY_KEYS))
-        keys: Tuple[str, ...] = ('format', ) + IDENTITY_KEYS
+        keys: Tuple[str, ...] = ('format', ) + IDENTITY_KEYS + (SHIFTS_KEY, )
         old = _peek_json(path)
         if old is not None and not old.get('identity_keys'):
             added = [k for k in IDENTITY_KEYS if k not in LEGACY_IDENTITY_KEYS]
@@ -198,21 +206,25 @@ def _peek_json(path: str) -> Optional[Dict]:
 
 def planned_cells(identity: Mapping) -> List[Tuple[str, int]]:
     """Every cell an evaluation plans, in the order it runs them: the clean set, the
-    protocol's (corruption, severity) cells, then each attack's budgets."""
+    protocol's (corruption, severity) cells, then each attack's budgets, then the real-world
+    shifts' (set, level) cells."""
     cells = [(CLEAN, 0)] + [(c, int(s)) for c, sevs in identity['cells_planned'].items()
                             for s in sevs]
     for name, entry in (identity.get('attacks') or {}).items():
         cells += [(name, k) for k in range(1, len(entry['epsilons']) + 1)]
+    for name, entry in (identity.get(SHIFTS_KEY) or {}).items():
+        cells += [(name, int(k)) for k in entry['levels']]
     return cells
 
 
 def corruption_cells(results: Mapping) -> List[Tuple[str, int]]:
     """The corruption cells mPC averages over: the planned ones (:func:`planned_cells` without
-    the clean set and the attacks), else, for results without a plan, every recorded one."""
+    the clean set, the attacks and the shifts), else, for results without a plan, every
+    recorded one."""
     if results.get('cells_planned'):
-        return [c for c in planned_cells(results) if c[0] != CLEAN and not is_attack_cell(c[0])]
+        return [c for c in planned_cells(results) if is_corruption_cell(c[0])]
     return [(c, int(s)) for c, sevs in results.get('cells', {}).items()
-            if c != CLEAN and not is_attack_cell(c) for s in sevs]
+            if is_corruption_cell(c) for s in sevs]
 
 
 # -- reading ---------------------------------------------------------------------------------------
@@ -406,7 +418,7 @@ def merge_results(shards: Sequence[Tuple[str, Mapping]], allow_missing: bool = F
     if not shards:
         raise ShardError('no shard results to merge')
     first_path, first = shards[0]
-    keys = ('format', ) + tuple(k for k in IDENTITY_KEYS if k != 'shard')
+    keys = ('format', ) + tuple(k for k in IDENTITY_KEYS if k != 'shard') + (SHIFTS_KEY, )
     problems = []
     for path, data in shards[1:]:
         if _identity_keys(data) != _identity_keys(first):

@@ -6,7 +6,9 @@ dataset is built once (:mod:`.one_pass`; a dataloader per cell where one cannot 
 A cell's images are corrupted on the fly (in the dataloader workers, right after the
 image-loading step) or read from a corrupted copy written by ``tools/make_corrupted.py``. Each
 cell's metric runs in a worker process beside the next cells' inference (:mod:`.metric_queue`).
-After every cell the results file (:mod:`.results`) is rewritten atomically; a rerun with the
+Attack cells (:mod:`.attacks`) and real-world shift cells (another set through the same
+pipeline and metric, :mod:`~mmrobust.datasets.shift_sets`) follow, each with its own
+dataloader; neither is in mPC / rPC. After every cell the results file (:mod:`.results`) is rewritten atomically; a rerun with the
 same identity skips finished cells and computes the metrics of saved predictions.
 """
 import hashlib
@@ -31,6 +33,7 @@ from ..corruptions.stored import (
     stored_set_identity,
     stored_settings,
 )
+from ..datasets.shift_sets import check_shift_root, shift_identity
 from ..utils.config_checks import leaf_datasets
 from ..utils.progress import Progress
 from .attacks import attack_of_cell, check_attack_pipeline
@@ -45,6 +48,8 @@ from .cells import (
     CellSource,
     find_loading_step,
     is_attack_cell,
+    is_shift_cell,
+    shift_dataloader,
 )
 from .coco_metric import (
     without_backend,
@@ -124,6 +129,10 @@ class RobustnessOptions:
         attacks: adversarial cells ``(attack, k)`` (:func:`~.attacks.attack_plan`).
         per_image: keep each cell's per-image statistics (:mod:`.per_image`) for the
             report's intervals.
+        shifts: real-world shift cells ``(set, level)``
+            (:func:`~mmrobust.datasets.shift_sets.parse_shifts`), beside the corruption cells
+            and not in mPC / rPC.
+        shift_roots: ``{family: root}`` of the shift sets (default: ``data/<family>``).
     """
     seed: Optional[int] = None
     bgr_compat: Optional[bool] = None
@@ -140,6 +149,8 @@ class RobustnessOptions:
     shard: Optional[Tuple[int, int]] = None
     attacks: Optional[Dict[str, Dict]] = None
     per_image: bool = True
+    shifts: Optional[List[Cell]] = None
+    shift_roots: Optional[Dict[str, str]] = None
 
 
 def _resolve_source(runner, cfg: Config, opts: RobustnessOptions
@@ -160,6 +171,10 @@ def _resolve_source(runner, cfg: Config, opts: RobustnessOptions
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
         for name in opts.attacks:
             attack_of_cell(opts.attacks, name, 1).check_model(model)
+    for name, level in opts.shifts or ():  # NOTE: a missing or mis-laid set stops here
+        check_shift_root(name, level, opts.shift_roots,
+                         task='segmentation' if cfg.get('default_scope') == 'mmseg'
+                         else 'detection')
     root = opts.corrupted_root
     if root is None:
         return CellSource(0 if opts.seed is None else opts.seed, bool(opts.bgr_compat)), None
@@ -187,7 +202,8 @@ def _open_results(cfg: Config, protocol: Protocol, layout: ResultsLayout, opts: 
                 corrupted_root=source.corrupted_root, attacks=opts.attacks,
                 config=cfg.filename, config_sha256=config_sha256(cfg),
                 checkpoint=opts.checkpoint, scope=cfg.get('default_scope'), shard=opts.shard,
-                checkpoint_load=opts.checkpoint_load)
+                checkpoint_load=opts.checkpoint_load,
+                shifts=shift_identity(opts.shifts) if opts.shifts else None)
             results = RobustnessResults(layout.results_path, identity)
             if backends:  # the latest run's; each cell records its own in its timing
                 results.data['coco_backend'] = ', '.join(backends)
@@ -198,14 +214,15 @@ def _open_results(cfg: Config, protocol: Protocol, layout: ResultsLayout, opts: 
 
 
 def _stats_targets(cfg: Config, results: Optional[RobustnessResults], layout: ResultsLayout,
-                   source: CellSource, per_image: bool):
+                   source: CellSource, per_image: bool,
+                   shift_roots: Optional[Dict[str, str]] = None):
     """Where each cell's per-image statistics go (rank 0; None: not kept)."""
     def target(cell: Cell) -> Optional[StatsTarget]:
         if not per_image or results is None:
             return None
         return StatsTarget(stats_path(layout.per_image, *cell), cell,
                            evaluation_sha256(results.identity),
-                           _image_roots(cfg, source.corrupted_root, cell))
+                           _image_roots(cfg, source.corrupted_root, cell, shift_roots))
     return target
 
 
@@ -238,7 +255,8 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     results, plan = _open_results(cfg, protocol, layout, opts, source, stored_set,
                                   evaluators.backends)
     queue = MetricQueue(runner, results, opts.metric_queue, layout.predictions, evaluators,
-                        _stats_targets(cfg, results, layout, source, opts.per_image),
+                        _stats_targets(cfg, results, layout, source, opts.per_image,
+                                       opts.shift_roots),
                         evaluators.backends, cfg.get('default_scope'), imports, RANK0_POLL_S
                         ) if results is not None else None
     progress_bar = Progress(0, 'image', protocol.name, enabled=opts.progress and rank == 0)
@@ -273,7 +291,8 @@ def _infer_cells(runner, cfg: Config, plan: Plan, opts: RobustnessOptions, sourc
     Returns how the corruption cells were loaded (``loader``, ``gt_masks``: whether their
     ground-truth masks were decoded, :func:`~.cell_evaluators.without_unread_gt_masks`)."""
     attacked = [c for c in plan.infer if is_attack_cell(c[0])]
-    corrupted = [c for c in plan.infer if not is_attack_cell(c[0])]
+    shifted = [c for c in plan.infer if is_shift_cell(c[0])]
+    corrupted = [c for c in plan.infer if not is_attack_cell(c[0]) and not is_shift_cell(c[0])]
     loader_kind = 'one-pass'
     loading: Dict[str, str] = {}
     inference = None
@@ -311,6 +330,12 @@ def _infer_cells(runner, cfg: Config, plan: Plan, opts: RobustnessOptions, sourc
                                   source.bgr_compat, None, progress_bar, opts.attacks,
                                   opts.post_process_queue)
         inference = attacks if inference is None else itertools.chain(inference, attacks)
+    if shifted:  # NOTE: each reads its own set: a dataloader each, the config's pipeline
+        shifts = per_cell_cells(runner, cfg, shifted, evaluators, source.seed,
+                                source.bgr_compat, None, progress_bar,
+                                post_process_queue=opts.post_process_queue,
+                                prefetch=opts.prefetch, shift_roots=opts.shift_roots)
+        inference = shifts if inference is None else itertools.chain(inference, shifts)
     for cell, parts, loop_metrics, dataset_meta, timing in inference or ():
         rank0_until_done(queue.finish(cell, parts, loop_metrics, dataset_meta, timing)
                           if queue is not None else None)
@@ -349,10 +374,13 @@ def _add_worst_case(results: RobustnessResults) -> None:
         print_log(f'no worst-case cell at budget {k}: {why}', logger='current', level=30)
 
 
-def _image_roots(cfg: Config, corrupted_root: Optional[str], cell: Tuple[str, int]
-                 ) -> Tuple[str, ...]:
+def _image_roots(cfg: Config, corrupted_root: Optional[str], cell: Tuple[str, int],
+                 shift_roots: Optional[Dict[str, str]] = None) -> Tuple[str, ...]:
     """Folders under which an image's relative path is the same in every cell: the stored
     set's folder of ``cell``, then the datasets' data roots."""
+    if is_shift_cell(cell[0]):  # NOTE: its own set: paths relative to its root
+        loader = shift_dataloader(cfg, cell, shift_roots)
+        return (str(leaf_datasets(loader['dataset'])[0]['data_root']), )
     roots = [cell_folder(corrupted_root, *cell)] if corrupted_root else []
     for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
         if dataset.get('data_root'):

@@ -16,6 +16,7 @@
   sum_s (E^ref_c,s - E^ref_clean) and relative mCE its mean. FAN's "retention rate" is rPC.
 """
 import os.path as osp
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -80,6 +81,9 @@ class CellStats:
     cells: Dict[Cell, List[Tuple[Any, np.ndarray]]] = field(default_factory=dict)
     missing: List[Cell] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
+    #: real-world shift cells, each over images of its own set: ``{cell: (images, scorers)}``
+    shifts: Dict[Cell, Tuple[List[str], List[Tuple[Any, np.ndarray]]]] = field(
+        default_factory=dict)
 
     def scores(self, cell: Cell, weights: np.ndarray) -> Dict[str, np.ndarray]:
         """``{metric: (R,)}`` of a cell for weights ``(R, len(images))``."""
@@ -121,6 +125,13 @@ def cell_stats(results_path: str, results: Mapping) -> CellStats:
             f'{len(stats.missing)} cell(s) have no per-image statistics in '
             f'{folders[0]} (a run with --no-per-image-stats, an mmrobust before them, or a '
             'metric that keeps none)')
+    from ..datasets.shift_sets import is_shift_cell
+    for cell in [c for c in found if is_shift_cell(c[0])]:  # NOTE: a set of its own images
+        scorers = found.pop(cell)
+        own = sorted({i for s in scorers for i in s.images})
+        position = {name: k for k, name in enumerate(own)}
+        stats.shifts[cell] = (own, [(s, np.array([position[i] for i in s.images]))
+                                    for s in scorers])
     if not found:
         return stats
     images = sorted({i for scorers in found.values() for s in scorers for i in s.images})
@@ -249,8 +260,8 @@ def corruption_errors(cells: Mapping, reference: Mapping, metric: str,
             raise KeyError(f'{corruption} {severity}')
         return float(scores[metric])
 
-    from .attacks import is_attack_cell
-    names = corruptions or [c for c in cells if c != CLEAN and not is_attack_cell(c)]
+    from .cells import is_corruption_cell
+    names = corruptions or [c for c in cells if is_corruption_cell(c)]
     per: Dict[str, Dict[str, float]] = {}
     missing: List[str] = []
     warnings: List[str] = []
@@ -313,8 +324,17 @@ def replicates_of(results_path: str, results: Mapping, boot: Bootstrap,
     """A results file's per-image statistics and its replicate summary (empty without
     statistics)."""
     stats = stats or cell_stats(results_path, results)
-    if not stats.cells:
-        return stats, {}
-    weights = bootstrap_weights(len(stats.images), boot.replicates, boot.seed)
-    return stats, replicate_summary(stats, weights, corruption_cells(results))
+    summary: Dict[str, Dict[str, Any]] = {}
+    if stats.cells:
+        weights = bootstrap_weights(len(stats.images), boot.replicates, boot.seed)
+        summary = replicate_summary(stats, weights, corruption_cells(results))
+    for cell, (images, scorers) in stats.shifts.items():
+        # NOTE: a shift cell's images are its own: resampled alone, with a draw of its own
+        # that every model shares (seeded by the cell), so its interval is the cell's score's
+        seed = zlib.crc32(f'{boot.seed} {cell[0]} {cell[1]}'.encode())
+        weights = bootstrap_weights(len(images), boot.replicates, seed)
+        for score, index in scorers:
+            for name, values in score.values(weights[:, index]).items():
+                summary.setdefault(name, {'cells': {}})['cells'][cell] = values
+    return stats, summary
 
