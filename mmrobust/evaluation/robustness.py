@@ -8,8 +8,9 @@ image-loading step) or read from a corrupted copy written by ``tools/make_corrup
 cell's metric runs in a worker process beside the next cells' inference (:mod:`.metric_queue`).
 Attack cells (:mod:`.attacks`) and real-world shift cells (another set through the same
 pipeline and metric, :mod:`~mmrobust.datasets.shift_sets`) follow, each with its own
-dataloader; neither is in mPC / rPC. After every cell the results file (:mod:`.results`) is rewritten atomically; a rerun with the
-same identity skips finished cells and computes the metrics of saved predictions.
+dataloader; neither is in mPC / rPC. After every cell the results file (:mod:`.results`) is
+rewritten atomically; a rerun with the same identity skips finished cells and computes the
+metrics of saved predictions.
 """
 import hashlib
 import itertools
