@@ -30,7 +30,7 @@ from .results import corruption_cells, evaluation_sha256
 __all__ = ['Bootstrap', 'CellStats', 'PairingError', 'bootstrap_weights', 'cell_stats',
            'check_pairable', 'corruption_errors', 'interval', 'metric_scale',
            'paired_differences', 'replicate_summary', 'replicates_of',
-           'seed_statistics']
+           'seed_statistics', 'without_sentinels']
 
 Cell = Tuple[str, int]
 # mmseg reports these in %, so their error is 100 - P
@@ -86,11 +86,20 @@ class CellStats:
         default_factory=dict)
 
     def scores(self, cell: Cell, weights: np.ndarray) -> Dict[str, np.ndarray]:
-        """``{metric: (R,)}`` of a cell for weights ``(R, len(images))``."""
+        """``{metric: (R,)}`` of a cell for weights ``(R, len(images))``; NaN where a
+        replicate has no value (:func:`without_sentinels`)."""
         out: Dict[str, np.ndarray] = {}
         for score, index in self.cells[cell]:
-            out.update(score.values(weights[:, index]))
+            out.update(without_sentinels(score.values(weights[:, index])))
         return out
+
+
+def without_sentinels(values: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """Replicates with pycocotools' -1 (an area range or a group without ground truth in
+    the resampled images: no value, not a score of -1) as NaN, which intervals, means and
+    differences leave out instead of averaging it in."""
+    return {k: np.where(np.asarray(v, dtype=np.float64) == -1.0, np.nan, v)
+            for k, v in values.items()}
 
 
 def cell_stats(results_path: str, results: Mapping) -> CellStats:
@@ -334,7 +343,7 @@ def replicates_of(results_path: str, results: Mapping, boot: Bootstrap,
         seed = zlib.crc32(f'{boot.seed} {cell[0]} {cell[1]}'.encode())
         weights = bootstrap_weights(len(images), boot.replicates, seed)
         for score, index in scorers:
-            for name, values in score.values(weights[:, index]).items():
+            for name, values in without_sentinels(score.values(weights[:, index])).items():
                 summary.setdefault(name, {'cells': {}})['cells'][cell] = values
     return stats, summary
 
