@@ -41,9 +41,10 @@ import argparse
 import os.path as osp
 from typing import Dict, List
 
+from mmrobust.evaluation.comparisons import ER_AXES
 from mmrobust.evaluation.report import build_extras, plot, summary_markdown, write_csv
 from mmrobust.evaluation.results import load_results, report_dir
-from mmrobust.evaluation.uncertainty import Bootstrap
+from mmrobust.evaluation.uncertainty import DEFAULT_REPLICATES, Bootstrap
 
 
 def merge(argv: List[str]) -> int:
@@ -91,9 +92,22 @@ def main() -> int:
                         'of the paired differences')
     parser.add_argument('--metrics', nargs='+', default=None,
                         help='metrics to show (default: box/mask AP or mIoU)')
-    parser.add_argument('--bootstrap', type=int, default=200, metavar='R',
+    parser.add_argument('--bootstrap', type=int, default=DEFAULT_REPLICATES, metavar='R',
                         help='bootstrap replicates over the test images for the intervals and '
-                        'paired differences (default 200; 0: none)')
+                        f'paired differences (default {DEFAULT_REPLICATES}: the Monte-Carlo '
+                        'error of a 2.5%% endpoint is ~0.1 sigma; 0: none)')
+    parser.add_argument('--baselines', nargs='+', default=(), metavar='NAME',
+                        help='models (names as --labels gives them) whose trend of mPC against '
+                        'P_clean the effective robustness of every model is measured from '
+                        '(at least 2)')
+    parser.add_argument('--er-axis', choices=ER_AXES, default='logit',
+                        help='axes of that trend: logit (Taori et al. 2020, default) or linear')
+    parser.add_argument('--seed-bootstrap', action='store_true',
+                        help='paired differences of recipes with several seeds resample the '
+                        'seeds too (two-level: seeds within a recipe, then images)')
+    parser.add_argument('--alpha', type=float, default=0.05,
+                        help='family-wise error rate of the per-corruption differences (Holm; '
+                        'default 0.05)')
     parser.add_argument('--confidence', type=float, default=0.95,
                         help='confidence level of the intervals (default 0.95)')
     parser.add_argument('--bootstrap-seed', type=int, default=0,
@@ -139,7 +153,9 @@ def main() -> int:
     boot = Bootstrap(args.bootstrap, args.confidence, args.bootstrap_seed)
     extras = build_extras([(label, path, results[label])
                            for label, path in zip(labels, args.results)],
-                          groups, boot if args.bootstrap else None, reference, args.metrics)
+                          groups, boot if args.bootstrap else None, reference, args.metrics,
+                          baselines=args.baselines, er_axis=args.er_axis,
+                          seed_bootstrap=args.seed_bootstrap, alpha=args.alpha)
     # NOTE: one folder per results file (or per set compared), never a shared report/
     stems = [osp.splitext(osp.basename(p))[0] for p in args.results]
     out_dir = args.out_dir or report_dir(

@@ -412,7 +412,9 @@ def check_results(results: Mapping, entries: Sequence[ZooEntry],
         shown = f'{got:.1f}'
         iv = intervals.get(name, {}).get(stat)
         if iv is not None:
-            shown += f' [{iv[0] * factor:.1f}, {iv[1] * factor:.1f}]'
+            from ..evaluation.uncertainty import Bootstrap
+            shown += (f' [{iv[0] * factor:.1f}, {iv[1] * factor:.1f}; '
+                      f'{Bootstrap().confidence:.0%}, {Bootstrap().replicates} replicates]')
         note = ''
         if corrupted and protocol and str(results.get('protocol')).split(':')[0] != protocol:
             note = (f' (published on protocol {protocol}, these results are '

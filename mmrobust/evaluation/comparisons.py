@@ -25,7 +25,8 @@ from ..utils.errors import UsageError
 from .uncertainty import interval
 
 __all__ = ['ER_AXES', 'bootstrap_p', 'effective_robustness', 'holm',
-           'per_corruption_differences', 'seed_bootstrap_difference']
+           'per_corruption_differences', 'recipe_corruption_differences',
+           'seed_bootstrap_difference']
 
 ER_AXES = ('logit', 'linear')
 _EPS = 1e-6
@@ -84,6 +85,28 @@ def per_corruption_differences(base: Mapping[Tuple[str, int], np.ndarray],
         row['p_holm'] = p_adj
         row['significant'] = bool(p_adj <= alpha)
     return rows
+
+
+def recipe_corruption_differences(base: Sequence[Mapping], other: Sequence[Mapping],
+                                  base_points: Sequence[Mapping], other_points: Sequence[Mapping],
+                                  name: str, confidence: float, alpha: float
+                                  ) -> Dict[str, Dict[str, float]]:
+    """:func:`per_corruption_differences` of two recipes (lists of their seeds' replicate
+    summaries and point summaries, seeds averaged) for metric ``name``; empty where a seed
+    lacks the metric's cell replicates."""
+    if not all(name in r and r[name].get('cells') for r in list(base) + list(other)):
+        return {}
+
+    def cells(summaries):
+        common = set.intersection(*(set(r[name]['cells']) for r in summaries))
+        return {c: np.mean([r[name]['cells'][c] for r in summaries], axis=0) for c in common}
+
+    def per_corruption(summaries):
+        rows = [p['metrics'].get(name, {}).get('per_corruption', {}) for p in summaries]
+        common = set.intersection(*(set(r) for r in rows))
+        return {c: float(np.mean([r[c] for r in rows])) for c in common}
+    return per_corruption_differences(cells(base), cells(other), per_corruption(base_points),
+                                      per_corruption(other_points), confidence, alpha)
 
 
 def _axis(values: np.ndarray, axis: str) -> np.ndarray:

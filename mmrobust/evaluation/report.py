@@ -61,15 +61,29 @@ class Extras:
     reference: Optional[str] = None
     errors: Dict[str, Dict[str, Dict[str, Any]]] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
+    #: what the paired intervals resample: 'images', or 'seeds, then images' (two-level)
+    paired_kind: str = 'images'
+    #: (recipe, minus, metric, corruption, {difference, low, high, p, p_holm, significant})
+    per_corruption: List[Tuple[str, str, str, str, Dict[str, Any]]] = field(
+        default_factory=list)
+    alpha: float = 0.05
+    #: metric -> :func:`~.comparisons.effective_robustness`'s result
+    effective: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
 
 def build_extras(entries: Sequence[Tuple[str, str, Mapping]], groups: Mapping[str, Sequence[str]],
                  boot: Optional[Any] = None, reference: Optional[Tuple[str, Mapping]] = None,
-                 metrics: Optional[Sequence[str]] = None) -> Extras:
+                 metrics: Optional[Sequence[str]] = None, baselines: Sequence[str] = (),
+                 er_axis: str = 'logit', seed_bootstrap: bool = False,
+                 alpha: float = 0.05) -> Extras:
     """Intervals, paired differences, seed statistics and CE for ``entries`` (``(label, results
     path, results)``; ``groups`` maps a recipe to the labels of its seeds, in order, the first
     group being the baseline of the paired differences). ``boot`` (a
-    :class:`~.uncertainty.Bootstrap`): None or 0 replicates for no intervals."""
+    :class:`~.uncertainty.Bootstrap`): None or 0 replicates for no intervals. ``baselines``:
+    the recipes the effective-robustness trend is fitted on (``er_axis``); ``seed_bootstrap``:
+    paired intervals resample the seeds too (two-level); ``alpha``: the family-wise level of
+    the per-corruption differences (Holm)."""
+    from .comparisons import recipe_corruption_differences
     from .uncertainty import (
         PairingError,
         check_pairable,
@@ -80,7 +94,9 @@ def build_extras(entries: Sequence[Tuple[str, str, Mapping]], groups: Mapping[st
         seed_statistics,
     )
     extras = Extras(confidence=boot.confidence if boot else 0.95,
-                    replicates=boot.replicates if boot else 0)
+                    replicates=boot.replicates if boot else 0, alpha=alpha)
+    if seed_bootstrap and any(len(labels) > 1 for labels in groups.values()):
+        extras.paired_kind = 'seeds, then images'
     points = {label: summarize(results) for label, _, results in entries}
     metrics = list(metrics) if metrics else main_metrics(points)
     stats, reps = _bootstrap_intervals(extras, entries, boot, points)
@@ -109,12 +125,21 @@ def build_extras(entries: Sequence[Tuple[str, str, Mapping]], groups: Mapping[st
         diffs = paired_differences([reps[lb] for lb in base_labels],
                                    [reps[lb] for lb in other_labels],
                                    [points[lb] for lb in base_labels],
-                                   [points[lb] for lb in other_labels], boot.confidence)
+                                   [points[lb] for lb in other_labels], boot.confidence,
+                                   seed_draws=boot.seed if seed_bootstrap else None)
         for name, row in diffs.items():
             if name not in metrics:
                 continue
             for q, (diff, lo, hi) in row.items():
                 extras.paired.append((other, names[0], name, q, diff, lo, hi))
+        for name in metrics:
+            for corruption, row in recipe_corruption_differences(
+                    [reps[lb] for lb in base_labels], [reps[lb] for lb in other_labels],
+                    [points[lb] for lb in base_labels], [points[lb] for lb in other_labels],
+                    name, boot.confidence, alpha).items():
+                extras.per_corruption.append((other, names[0], name, corruption, row))
+    if baselines:
+        _effective(extras, groups, points, reps, metrics, baselines, er_axis, boot)
     # corruption error
     if reference is not None:
         ref_label, ref_results = reference
@@ -147,6 +172,41 @@ def build_extras(entries: Sequence[Tuple[str, str, Mapping]], groups: Mapping[st
                 extras.errors.setdefault(label, {})[name] = ce
                 extras.notes += [f'{label} {name}: {w}' for w in ce.get('warnings', [])]
     return extras
+
+
+def _effective(extras: Extras, groups: Mapping[str, Sequence[str]], points: Mapping[str, Dict],
+               reps: Mapping[str, Dict], metrics: Sequence[str], baselines: Sequence[str],
+               axis: str, boot: Optional[Any]) -> None:
+    """Effective robustness of every recipe against the ``baselines``' trend (seeds averaged;
+    an interval where every recipe involved has replicates)."""
+    import numpy as np
+
+    from .comparisons import effective_robustness
+    from .uncertainty import metric_scale
+    unknown = [b for b in baselines if b not in groups]
+    if unknown:
+        from ..utils.errors import UsageError
+        raise UsageError(f'--baselines names {unknown}, which are not among the models '
+                         f'({", ".join(groups)})')
+    for name in metrics:
+        pts, rep = {}, {}
+        for group, labels in groups.items():
+            rows = [points[lb]['metrics'].get(name) for lb in labels]
+            if any(r is None or r['mPC'] != r['mPC'] for r in rows):
+                continue
+            pts[group] = (float(np.mean([r['P_clean'] for r in rows])),
+                          float(np.mean([r['mPC'] for r in rows])))
+            per = [reps.get(lb, {}).get(name) for lb in labels]
+            if all(p and 'P_clean' in p and 'mPC' in p for p in per):
+                rep[group] = (np.mean([p['P_clean'] for p in per], axis=0),
+                              np.mean([p['mPC'] for p in per], axis=0))
+        if sum(b in pts for b in baselines) < 2:
+            extras.notes.append(f'no effective robustness for {name}: fewer than 2 baselines '
+                                'with P_clean and mPC')
+            continue
+        extras.effective[name] = effective_robustness(
+            pts, [b for b in baselines if b in pts], metric_scale(name), axis, rep or None,
+            extras.confidence)
 
 
 def _bootstrap_intervals(extras: Extras, entries: Sequence[Tuple[str, str, Mapping]],
@@ -208,14 +268,19 @@ def _extras_markdown(extras: Extras) -> List[str]:
                   f'({extras.replicates} replicates; one draw of images for every cell and '
                   'model).']
     if extras.paired:
-        lines += ['', f'Paired differences (the same resampled images for both; {level} '
-                  'interval):', '', '| model | minus | metric | quantity | difference | '
-                  'interval |', '|---|---|---|---|---|---|']
+        what = ('the same resampled images for both' if extras.paired_kind == 'images' else
+                'two-level: each replicate draws every recipe\'s seeds, then the images')
+        lines += ['', f'Paired differences ({what}; {level} interval, {extras.replicates} '
+                  f'replicates; resampled: {extras.paired_kind}):', '',
+                  '| model | minus | metric | quantity | difference | interval |',
+                  '|---|---|---|---|---|---|']
         for other, base, name, q, diff, lo, hi in extras.paired:
             scale = 100 if q == 'rPC' else 1
             unit = ' pp' if q == 'rPC' else ''
             lines.append(f'| {other} | {base} | {name} | {q} | {_fmt(diff, scale)}{unit} | '
                          f'[{_fmt(lo, scale)}, {_fmt(hi, scale)}] |')
+    lines += _per_corruption_markdown(extras)
+    lines += _effective_markdown(extras)
     if extras.seeds:
         lines += ['', 'Across training seeds (mean ± sample standard deviation):', '',
                   '| recipe | metric | files | P_clean | mPC | rPC % |',
@@ -244,6 +309,59 @@ def _extras_markdown(extras: Extras) -> List[str]:
                          f'({extras.replicates} replicates), the reference held at its numbers.')
     if extras.notes:
         lines += [''] + [f'- {note}' for note in extras.notes]
+    return lines
+
+
+def _per_corruption_markdown(extras: Extras) -> List[str]:
+    """Per-corruption paired differences with Holm's correction, and the count they back."""
+    lines: List[str] = []
+    pairs = list(dict.fromkeys((o, b, n) for o, b, n, _, _ in extras.per_corruption))
+    for other, base, name in pairs:
+        rows = [(c, r) for o, b, n, c, r in extras.per_corruption
+                if (o, b, n) == (other, base, name)]
+        better = sum(r['significant'] and r['difference'] > 0 for _, r in rows)
+        worse = sum(r['significant'] and r['difference'] < 0 for _, r in rows)
+        lines += ['', f'{other} minus {base}, {name}, per corruption (mean over severities; '
+                  f'{extras.confidence:.0%} interval, {extras.replicates} replicates, '
+                  f'resampled: {extras.paired_kind}; p: bootstrap, Holm over the '
+                  f'{len(rows)} corruptions):', '',
+                  '| corruption | difference | interval | p | p (Holm) | '
+                  f'at family-wise {extras.alpha:g} |', '|---|---|---|---|---|---|']
+        for c, r in rows:
+            verdict = ('better' if r['difference'] > 0 else 'worse') if r['significant'] \
+                else 'not shown'
+            lines.append(f"| {c} | {_fmt(r['difference'])} | [{_fmt(r['low'])}, "
+                         f"{_fmt(r['high'])}] | {_p(r['p'], extras.replicates)} | "
+                         f"{_p(r['p_holm'], extras.replicates)} | {verdict} |")
+        lines.append(f'\n{other} is better than {base} on {better} and worse on {worse} of '
+                     f'{len(rows)} corruptions at a family-wise error rate of {extras.alpha:g} '
+                     '(Holm).')
+    return lines
+
+
+def _p(value: float, replicates: int) -> str:
+    """A bootstrap p-value: below the resolution of the replicates it is shown as a bound."""
+    if value == 0 and replicates:
+        return f'< {1 / replicates:.1g}'
+    return f'{value:.3g}'
+
+
+def _effective_markdown(extras: Extras) -> List[str]:
+    """Effective robustness against the baselines' trend."""
+    lines: List[str] = []
+    for name, er in extras.effective.items():
+        lines += ['', f'Effective robustness, {name} (Taori et al. 2020): mPC minus the trend of '
+                  f'mPC against P_clean fitted on {", ".join(er["baselines"])} in '
+                  f'{er["axis"]} axes ({extras.confidence:.0%} interval, {extras.replicates} '
+                  'replicates, the trend refitted on each):', '',
+                  '| model | P_clean | mPC | trend at its P_clean | effective robustness |',
+                  '|---|---|---|---|---|']
+        for label, m in er['models'].items():
+            shown = _fmt(m['ER']) + (f" [{_fmt(m['low'])}, {_fmt(m['high'])}]"
+                                     if m['low'] == m['low'] else '')
+            base = ' (baseline)' if label in er['baselines'] else ''
+            lines.append(f"| {label}{base} | {_fmt(m['P_clean'])} | {_fmt(m['mPC'])} | "
+                         f"{_fmt(m['trend'])} | {shown} |")
     return lines
 
 
@@ -495,6 +613,9 @@ def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
                                osp.join(out_dir, f'per_severity_{safe}.png')))
 
         written += plot_shifts(results_by_label, out_dir, [name], extras)
+        if extras is not None and name in extras.effective:
+            written.append(_effective_plot(extras.effective[name], name, extras,
+                                           osp.join(out_dir, f'effective_robustness_{safe}.png')))
         if extras is not None and any(name in by for by in extras.intervals.values()):
             written.append(_interval_plot(summaries, extras, name,
                                           osp.join(out_dir, f'intervals_{safe}.png')))
@@ -540,6 +661,38 @@ def _interval_plot(summaries: Mapping[str, Dict], extras: Extras, name: str, pat
                  f'({extras.replicates} replicates)')
     fig.tight_layout()
     return save_figure(fig, path)
+
+
+def _effective_plot(er: Mapping[str, Any], name: str, extras: Extras, path: str) -> str:
+    """mPC against P_clean: every model (intervals of its effective robustness as error bars
+    around its mPC), the baselines' trend, each model's distance above it."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from .comparisons import _trend
+    from .uncertainty import metric_scale
+    scale = metric_scale(name)
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    models = er['models']
+    xs = np.array([m['P_clean'] for m in models.values()])
+    span = np.linspace(max(xs.min() - 0.1 * scale, 1e-3 * scale),
+                       min(xs.max() + 0.1 * scale, scale * (1 - 1e-3)), 100)
+    ax.plot(span, _trend(er['slope'], er['intercept'], span / scale, er['axis']) * scale, 'k--',
+            linewidth=1, label=f'trend of the baselines ({er["axis"]} fit)')
+    for i, (label, m) in enumerate(models.items()):
+        err = None
+        if m['low'] == m['low']:
+            err = [[max(m['ER'] - m['low'], 0)], [max(m['high'] - m['ER'], 0)]]
+        marker = 's' if label in er['baselines'] else 'o'
+        ax.errorbar([m['P_clean']], [m['mPC']], yerr=err, fmt=marker, color=f'C{i}',
+                    capsize=4, label=f"{label}: ER {_fmt(m['ER'])}")
+        ax.plot([m['P_clean'], m['P_clean']], [m['trend'], m['mPC']], color=f'C{i}',
+                linewidth=0.8)
+    ax.set_xlabel(f'{name} P_clean')
+    title = (f'effective robustness ({extras.confidence:.0%} intervals, '
+             f'{extras.replicates} replicates)' if extras.replicates else
+             'effective robustness')
+    return _finish(fig, ax, f'{name} mPC', title, path)
 
 
 def _finish(fig, ax, ylabel: str, title: str, path: str) -> str:

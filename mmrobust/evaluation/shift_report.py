@@ -59,10 +59,13 @@ def shift_markdown(results_by_label: Mapping[str, Mapping], metrics: Sequence[st
     if not rows:
         return []
     confidence = getattr(extras, 'confidence', 0.95)
+    replicates = getattr(extras, 'replicates', 0)
+    what = (f'{confidence:.0%} interval, {replicates} replicates' if replicates else
+            'no interval')
     lines = ['', 'Real-world shift (another set through the same pipeline and metric; not in '
              'mPC / rPC; a shift cell\'s interval resamples its own set\'s images):', '',
-             f'| model | shift | set | metric | score [{confidence:.0%} interval] | clean | '
-             'drop from clean |', '|---|---|---|---|---|---|---|']
+             f'| model | shift | set | metric | score [{what}] | clean | drop from clean |',
+             '|---|---|---|---|---|---|---|']
     for label, name, level, what, metric, value, clean, drop, iv in rows:
         shown = _fmt(value) + (f' [{_fmt(iv[0])}, {_fmt(iv[1])}]' if iv and iv[0] == iv[0]
                                else '')

@@ -27,8 +27,8 @@ from .metrics import CLEAN, mean_over_corruptions
 from .per_image import load_cell_stats, scorer, stats_folders, stats_path
 from .results import corruption_cells, evaluation_sha256
 
-__all__ = ['Bootstrap', 'CellStats', 'PairingError', 'bootstrap_weights', 'cell_stats',
-           'check_pairable', 'corruption_errors', 'interval', 'metric_scale',
+__all__ = ['DEFAULT_REPLICATES', 'Bootstrap', 'CellStats', 'PairingError', 'bootstrap_weights',
+           'cell_stats', 'check_pairable', 'corruption_errors', 'interval', 'metric_scale',
            'paired_differences', 'replicate_summary', 'replicates_of',
            'seed_statistics', 'without_sentinels']
 
@@ -41,11 +41,16 @@ class PairingError(MMRobustError, ValueError):
     """Two results files whose numbers cannot be paired (the message names the difference)."""
 
 
+#: Replicates by default: the Monte-Carlo error of a 2.5% percentile endpoint is ~0.1 of the
+#: replicates' sigma at 1000 (~0.2 at 200); docs/en/notes/benchmarks.md has what they cost.
+DEFAULT_REPLICATES = 1000
+
+
 @dataclass(frozen=True)
 class Bootstrap:
     """Replicates, confidence level and the seed of the resampling (one seed for every model:
     the same images are drawn for all of them)."""
-    replicates: int = 200
+    replicates: int = DEFAULT_REPLICATES
     confidence: float = 0.95
     seed: int = 0
 
@@ -206,10 +211,12 @@ def check_pairable(a: Tuple[str, Mapping, CellStats], b: Tuple[str, Mapping, Cel
 def paired_differences(base: Sequence[Dict[str, Dict[str, Any]]],
                        other: Sequence[Dict[str, Dict[str, Any]]],
                        base_points: Sequence[Dict], other_points: Sequence[Dict],
-                       confidence: float) -> Dict[str, Dict[str, Tuple[float, float, float]]]:
+                       confidence: float, seed_draws: Optional[int] = None
+                       ) -> Dict[str, Dict[str, Tuple[float, float, float]]]:
     """``{metric: {quantity: (difference, lo, hi)}}`` of other minus base (each a list of
     seeds' replicate summaries over the same draws, averaged across seeds), for P_clean, mPC and
-    rPC."""
+    rPC. ``seed_draws``: a seed for the two-level bootstrap (each replicate also draws the
+    seeds, :func:`~.comparisons.seed_bootstrap_difference`); None: the seeds averaged."""
     out: Dict[str, Dict[str, Tuple[float, float, float]]] = {}
     for name in base[0]:
         if not all(name in r for r in list(base) + list(other)):
@@ -222,8 +229,13 @@ def paired_differences(base: Sequence[Dict[str, Dict[str, Any]]],
                       + list(other_points)]
             if any(v is None for v in points):
                 continue
-            diff = (np.mean([r[name][q] for r in other], axis=0)
-                    - np.mean([r[name][q] for r in base], axis=0))
+            if seed_draws is not None and max(len(base), len(other)) > 1:
+                from .comparisons import seed_bootstrap_difference
+                diff = seed_bootstrap_difference([r[name][q] for r in base],
+                                                 [r[name][q] for r in other], seed_draws)
+            else:
+                diff = (np.mean([r[name][q] for r in other], axis=0)
+                        - np.mean([r[name][q] for r in base], axis=0))
             point = (np.mean([p['metrics'][name][q] for p in other_points])
                      - np.mean([p['metrics'][name][q] for p in base_points]))
             row[q] = (float(point), *interval(diff, confidence))

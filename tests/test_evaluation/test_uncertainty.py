@@ -326,10 +326,10 @@ def test_corruption_error_by_hand():
         corruption_errors(model, ref, 'ap')
 
 
-def _write_run(folder, name, cells, images, seed=0, skip=()):
+def _write_run(folder, name, cells, images, seed=0, skip=(), planned=None):
     """A results file and its per-image side files, as test_robustness.py writes them."""
     identity = {'format': 'mmrobust-robustness/1', 'protocol': 'custom',
-                'cells_planned': {'gaussian_noise': [1, 2]}, 'seed': seed,
+                'cells_planned': planned or {'gaussian_noise': [1, 2]}, 'seed': seed,
                 'bgr_compat': False, 'source': 'on-the-fly', 'config_sha256': 'cfg',
                 'checkpoint_sha256': name.split('_shard')[0],
                 'shard': None}
@@ -473,10 +473,50 @@ def test_model_zoo_check_gives_intervals_where_per_image_statistics_exist(tmp_pa
     results = json.loads(path.read_text())
     results['config'] = 'configs/fan/segformer_fan-s-hybrid_8xb1-160k_cityscapes-1024x1024.py'
     _, lines = check_results(results, load_zoo(str(REPO)), str(path))
-    clean = re.match(r'Cityscapes mIoU: P_clean ([\d.]+) \[([\d.]+), ([\d.]+)\] vs published',
+    clean = re.match(r'Cityscapes mIoU: P_clean ([\d.]+) \[([\d.]+), ([\d.]+); 95%, 1000 '
+                     r'replicates\] vs published',
                      lines[0])
     assert clean, lines
     lo, value, hi = float(clean.group(2)), float(clean.group(1)), float(clean.group(3))
     assert lo < value < hi
-    assert re.search(r'mPC [\d.]+ \[[\d.]+, [\d.]+\] vs published 66.4 \(published on '
+    assert re.search(r'mPC [\d.]+ \[[\d.]+, [\d.]+; 95%, 1000 replicates\] vs published 66.4 '
+                     r'\(published on '
                      'protocol fan_city_c', lines[1]), lines
+
+
+def test_report_gives_effective_robustness_and_per_corruption_differences(tmp_path):
+    """Three toy models on the same images: the effective-robustness table and plot against
+    the two plain ones as baselines, and the per-corruption table of DAT minus plain with
+    Holm's correction; every interval states its replicates."""
+    rng = np.random.default_rng(3)
+    images = [f'leftImg8bit/val/c/img{i}.png' for i in range(40)]
+    scale = rng.gamma(2.0, 0.5, 40)
+    q = np.array([.2, .3, .1, .25])
+
+    def cells(recall, drop):
+        return {(c, s): _areas(rng, 40, 4, recall * (1 - drop * s), q, scale)
+                for c, s in (('clean', 0), ('gaussian_noise', 1), ('gaussian_noise', 2),
+                             ('fog', 1), ('fog', 2))}
+    planned = {'gaussian_noise': [1, 2], 'fog': [1, 2]}
+    runs = [_write_run(tmp_path, name, cells(np.array([.9, .7, .6, .8]) * f, drop), images,
+                       planned=planned)
+            for name, f, drop in (('small', 0.7, .25), ('large', 1.0, .25),
+                                  ('dat', 0.85, .1))]
+    code, out = _report(*runs, '--labels', 'small', 'large', 'DAT', '--baselines', 'small',
+                        'large', '--out-dir', tmp_path / 'rep', '--bootstrap', 200)
+    assert code == 0, out
+    table = out[out.index('Effective robustness, mIoU'):]
+    assert 'in logit axes (95% interval, 200 replicates' in table
+    dat = next(line for line in table.splitlines() if line.startswith('| DAT |'))
+    er, lo, hi = (float(x) for x in re.search(r'\| (-?[\d.]+) \[(-?[\d.]+), (-?[\d.]+)\] \|$',
+                                              dat).groups())
+    assert lo <= er <= hi and er > 0  # DAT loses less under corruption than the trend
+    assert '| small (baseline) |' in table
+    assert (tmp_path / 'rep' / 'effective_robustness_mIoU.png').stat().st_size > 0
+    per = out[out.index('small minus'):] if 'small minus' in out else out[
+        out.index('large minus'):]
+    assert 'p: bootstrap, Holm over the 2 corruptions' in per
+    assert re.search(r'\| fog \| -?[\d.]+ \| \[-?[\d.]+, -?[\d.]+\] \| (< )?[\d.e-]+ \| '
+                     r'(< )?[\d.e-]+ \|', per)
+    assert re.search(r'is better than .* on \d and worse on \d of 2 corruptions at a '
+                     r'family-wise error rate of 0.05 \(Holm\)', per)
