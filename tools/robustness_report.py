@@ -42,7 +42,7 @@ import os.path as osp
 from typing import Dict, List
 
 from mmrobust.evaluation.comparisons import ER_AXES
-from mmrobust.evaluation.report import build_extras, plot, summary_markdown, write_csv
+from mmrobust.evaluation.report import build_extras, summary_markdown, write_report
 from mmrobust.evaluation.results import load_results, report_dir
 from mmrobust.evaluation.uncertainty import DEFAULT_REPLICATES, Bootstrap
 
@@ -160,9 +160,8 @@ def main() -> int:
     stems = [osp.splitext(osp.basename(p))[0] for p in args.results]
     out_dir = args.out_dir or report_dir(
         osp.join(osp.dirname(osp.abspath(args.results[0])), '_vs_'.join(stems)))
-    print(summary_markdown(results, args.metrics, extras))
-    paths = list(write_csv(results, out_dir, extras)) + plot(results, out_dir, args.metrics,
-                                                            extras)
+    markdown, paths = write_report(results, out_dir, args.metrics, extras)
+    print(markdown)
     print('\nwrote ' + ', '.join(paths))
     return 0
 

@@ -56,7 +56,7 @@ from mmrobust.evaluation import RobustnessOptions, evaluate_robustness, results_
 from mmrobust.evaluation.attacks import attack_names, attack_plan
 from mmrobust.evaluation.coco_metric import COCO_BACKENDS, DEFAULT_ROBUSTNESS_BACKEND
 from mmrobust.evaluation.overlapped_loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH
-from mmrobust.evaluation.report import plot, summary_markdown, write_csv
+from mmrobust.evaluation.report import write_report
 from mmrobust.evaluation.results import parse_shard, report_dir
 from mmrobust.evaluation.robustness import DEFAULT_METRIC_QUEUE
 from mmrobust.utils import explain_registry_errors
@@ -215,9 +215,8 @@ def main() -> None:
         runner.call_hook('after_run')
         if runner.rank == 0:
             label = osp.splitext(osp.basename(args.config))[0]
-            print(summary_markdown({label: results}))
-            out = report_dir(results_path)
-            files = list(write_csv({label: results}, out)) + plot({label: results}, out)
+            markdown, files = write_report({label: results}, report_dir(results_path))
+            print(markdown)
             print(f'\nresults: {results_path}\nreport: {", ".join(files)}\nconfidence '
                   f'intervals, and models compared: python tools/robustness_report.py '
                   f'{results_path} [OTHER.json ...] --out-dir DIR')

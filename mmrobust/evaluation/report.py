@@ -1,253 +1,31 @@
-"""Tables, CSV and plots of robustness results (mmrobust JSON or mmdet 3.3 ``*_results.pkl``)."""
+"""Tables, CSV and plots of robustness results (mmrobust JSON or mmdet 3.3 ``*_results.pkl``):
+the rendering of what :mod:`.report_stats` computes. :func:`write_report` is what both tools
+call: the summaries computed once, the Markdown returned, the CSV files written atomically,
+the plots saved.
+"""
 import csv
 import os
 import os.path as osp
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..corruptions import BENCHMARK_CORRUPTIONS, CATEGORIES, CORRUPTIONS, Protocol
+from ..corruptions import CATEGORIES, CORRUPTIONS
 from ..datasets.shift_sets import is_shift_cell
-from ..utils.io import save_figure
-from .metrics import robustness_summary
-from .results import corruption_cells, load_results
+from ..utils.io import atomic_write, save_figure
+from .report_stats import (
+    Extras,
+    Interval,
+    adversarial_curves,
+    attack_setting,
+    build_extras,
+    main_metrics,
+    summarize,
+)
+from .results import load_results
 from .shift_report import plot_shifts, shift_markdown, write_shift_csv
-from .worst_case import WORST
 
 __all__ = ['Extras', 'build_extras', 'load_results', 'summarize', 'summary_markdown',
-           'write_csv', 'plot']
-
-# metrics shown by default, in this order, when present
-MAIN_METRICS = ('bbox_mAP', 'segm_mAP', 'mIoU', 'AP', 'mAP')
-
-
-def _protocol_of(results: Mapping) -> Optional[Protocol]:
-    """The results' protocol: its planned corruption cells, grouped as the named protocol
-    groups them."""
-    from ..corruptions import PROTOCOLS
-    if not results.get('cells_planned'):
-        return None
-    severities: Dict[str, Tuple[int, ...]] = {}
-    for corruption, severity in corruption_cells(results):
-        severities[corruption] = severities.get(corruption, ()) + (severity,)
-    name = results.get('protocol', 'custom')
-    known = PROTOCOLS.get(str(name).split(':')[0])
-    return Protocol(name, '', severities, dict(known.categories) if known else {})
-
-
-def summarize(results: Mapping) -> Dict:
-    return robustness_summary(results['cells'], _protocol_of(results))
-
-
-# -- uncertainty: intervals, paired differences, seeds, CE -----------------------------------------
-
-Interval = Tuple[float, float]
-
-
-@dataclass
-class Extras:
-    """What the report adds to the recorded numbers (:mod:`.uncertainty`): bootstrap intervals
-    per model (``intervals[label][metric][quantity]``, quantity P_clean / mPC / rPC, and
-    ``cell_intervals[label][metric][(corruption, severity)]``), paired differences against the
-    first group, mean and std across seeds per group, CE / mCE against a reference, and notes
-    on what could not be computed and why."""
-    confidence: float = 0.95
-    replicates: int = 0
-    intervals: Dict[str, Dict[str, Dict[str, Interval]]] = field(default_factory=dict)
-    cell_intervals: Dict[str, Dict[str, Dict[Tuple[str, int], Interval]]] = field(
-        default_factory=dict)
-    paired: List[Tuple[str, str, str, str, float, float, float]] = field(default_factory=list)
-    seeds: Dict[str, Dict[str, Dict[str, Tuple[int, float, float]]]] = field(
-        default_factory=dict)
-    reference: Optional[str] = None
-    errors: Dict[str, Dict[str, Dict[str, Any]]] = field(default_factory=dict)
-    notes: List[str] = field(default_factory=list)
-    #: what the paired intervals resample: 'images', or 'seeds, then images' (two-level)
-    paired_kind: str = 'images'
-    #: (recipe, minus, metric, corruption, {difference, low, high, p, p_holm, significant})
-    per_corruption: List[Tuple[str, str, str, str, Dict[str, Any]]] = field(
-        default_factory=list)
-    alpha: float = 0.05
-    #: metric -> :func:`~.comparisons.effective_robustness`'s result
-    effective: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-
-
-def build_extras(entries: Sequence[Tuple[str, str, Mapping]], groups: Mapping[str, Sequence[str]],
-                 boot: Optional[Any] = None, reference: Optional[Tuple[str, Mapping]] = None,
-                 metrics: Optional[Sequence[str]] = None, baselines: Sequence[str] = (),
-                 er_axis: str = 'logit', seed_bootstrap: bool = False,
-                 alpha: float = 0.05) -> Extras:
-    """Intervals, paired differences, seed statistics and CE for ``entries`` (``(label, results
-    path, results)``; ``groups`` maps a recipe to the labels of its seeds, in order, the first
-    group being the baseline of the paired differences). ``boot`` (a
-    :class:`~.uncertainty.Bootstrap`): None or 0 replicates for no intervals. ``baselines``:
-    the recipes the effective-robustness trend is fitted on (``er_axis``); ``seed_bootstrap``:
-    paired intervals resample the seeds too (two-level); ``alpha``: the family-wise level of
-    the per-corruption differences (Holm)."""
-    from .comparisons import recipe_corruption_differences
-    from .uncertainty import (
-        PairingError,
-        check_pairable,
-        corruption_error_replicates,
-        corruption_errors,
-        interval,
-        paired_differences,
-        seed_statistics,
-    )
-    extras = Extras(confidence=boot.confidence if boot else 0.95,
-                    replicates=boot.replicates if boot else 0, alpha=alpha)
-    if seed_bootstrap and any(len(labels) > 1 for labels in groups.values()):
-        extras.paired_kind = 'seeds, then images'
-    points = {label: summarize(results) for label, _, results in entries}
-    metrics = list(metrics) if metrics else main_metrics(points)
-    stats, reps = _bootstrap_intervals(extras, entries, boot, points)
-    # seeds
-    for group, labels in groups.items():
-        if len(labels) > 1:
-            extras.seeds[group] = {name: row for name, row in seed_statistics(
-                [points[lb] for lb in labels]).items() if name in metrics}
-    # paired differences, every group against the first one
-    names = list(groups)
-    for other in names[1:]:
-        base_labels, other_labels = list(groups[names[0]]), list(groups[other])
-        if not all(lb in reps and reps[lb] for lb in base_labels + other_labels):
-            if reps:
-                extras.notes.append(f'no paired difference {other} - {names[0]}: a results '
-                                    'file has no per-image statistics')
-            continue
-        try:
-            first = (base_labels[0], dict(entries_by(entries, base_labels[0])),
-                     stats[base_labels[0]])
-            for lb in base_labels[1:] + other_labels:
-                check_pairable(first, (lb, dict(entries_by(entries, lb)), stats[lb]))
-        except PairingError as err:
-            extras.notes.append(f'paired difference {other} - {names[0]} refused: {err}')
-            continue
-        diffs = paired_differences([reps[lb] for lb in base_labels],
-                                   [reps[lb] for lb in other_labels],
-                                   [points[lb] for lb in base_labels],
-                                   [points[lb] for lb in other_labels], boot.confidence,
-                                   seed_draws=boot.seed if seed_bootstrap else None)
-        for name, row in diffs.items():
-            if name not in metrics:
-                continue
-            for q, (diff, lo, hi) in row.items():
-                extras.paired.append((other, names[0], name, q, diff, lo, hi))
-        for name in metrics:
-            for corruption, row in recipe_corruption_differences(
-                    [reps[lb] for lb in base_labels], [reps[lb] for lb in other_labels],
-                    [points[lb] for lb in base_labels], [points[lb] for lb in other_labels],
-                    name, boot.confidence, alpha).items():
-                extras.per_corruption.append((other, names[0], name, corruption, row))
-    if baselines:
-        _effective(extras, groups, points, reps, metrics, baselines, er_axis, boot)
-    # corruption error
-    if reference is not None:
-        ref_label, ref_results = reference
-        extras.reference = ref_label
-        for label, _, results in entries:
-            for name in points[label]['metrics']:
-                if name not in metrics:
-                    continue
-                done = list(points[label]['metrics'][name]['per_corruption'])
-                # NOTE: ImageNet-C's mCE is over its 15 benchmark corruptions, whatever else ran
-                chosen = [c for c in done if c in BENCHMARK_CORRUPTIONS] or done
-                try:
-                    ce = corruption_errors(results['cells'], ref_results['cells'], name, chosen)
-                except ValueError as err:
-                    extras.notes.append(f'no CE for {label} {name}: {err}')
-                    continue
-                ce['corruptions'] = (
-                    f'the {len(chosen)} benchmark corruptions' if len(chosen) == 15 else
-                    f'{len(chosen)} of the 15 benchmark corruptions' if chosen != done or all(
-                        c in BENCHMARK_CORRUPTIONS for c in done) else
-                    f'{len(chosen)} corruptions (none of the 15 benchmark ones)')
-                replicated = reps.get(label, {}).get(name)
-                if replicated:  # NOTE: this run's resampling; the reference held fixed
-                    per_rep = corruption_error_replicates(
-                        replicated['cells'], results['cells'], ref_results['cells'], name,
-                        chosen)
-                    if per_rep is not None:
-                        ce['intervals'] = {q: interval(v, extras.confidence)
-                                           for q, v in per_rep.items()}
-                extras.errors.setdefault(label, {})[name] = ce
-                extras.notes += [f'{label} {name}: {w}' for w in ce.get('warnings', [])]
-    return extras
-
-
-def _effective(extras: Extras, groups: Mapping[str, Sequence[str]], points: Mapping[str, Dict],
-               reps: Mapping[str, Dict], metrics: Sequence[str], baselines: Sequence[str],
-               axis: str, boot: Optional[Any]) -> None:
-    """Effective robustness of every recipe against the ``baselines``' trend (seeds averaged;
-    an interval where every recipe involved has replicates)."""
-    import numpy as np
-
-    from .comparisons import effective_robustness
-    from .uncertainty import metric_scale
-    unknown = [b for b in baselines if b not in groups]
-    if unknown:
-        from ..utils.errors import UsageError
-        raise UsageError(f'--baselines names {unknown}, which are not among the models '
-                         f'({", ".join(groups)})')
-    for name in metrics:
-        pts, rep = {}, {}
-        for group, labels in groups.items():
-            rows = [points[lb]['metrics'].get(name) for lb in labels]
-            if any(r is None or r['mPC'] != r['mPC'] for r in rows):
-                continue
-            pts[group] = (float(np.mean([r['P_clean'] for r in rows])),
-                          float(np.mean([r['mPC'] for r in rows])))
-            per = [reps.get(lb, {}).get(name) for lb in labels]
-            if all(p and 'P_clean' in p and 'mPC' in p for p in per):
-                rep[group] = (np.mean([p['P_clean'] for p in per], axis=0),
-                              np.mean([p['mPC'] for p in per], axis=0))
-        if sum(b in pts for b in baselines) < 2:
-            extras.notes.append(f'no effective robustness for {name}: fewer than 2 baselines '
-                                'with P_clean and mPC')
-            continue
-        extras.effective[name] = effective_robustness(
-            pts, [b for b in baselines if b in pts], metric_scale(name), axis, rep or None,
-            extras.confidence)
-
-
-def _bootstrap_intervals(extras: Extras, entries: Sequence[Tuple[str, str, Mapping]],
-                         boot: Optional[Any], points: Mapping[str, Dict]
-                         ) -> Tuple[Dict[str, Any], Dict[str, Dict]]:
-    """Each model's bootstrap replicates and the intervals they give (into ``extras``, with
-    notes on what could not be resampled); ``(statistics, replicates)`` per label."""
-    from .uncertainty import interval, replicates_of
-    reps: Dict[str, Dict] = {}
-    stats: Dict[str, Any] = {}
-    if boot is None or boot.replicates <= 0:
-        return stats, reps
-    for label, path, results in entries:
-        if results.get('protocol') == 'mmdet-results':
-            extras.notes.append(f'no intervals for {label}: mmdet\'s results file keeps no '
-                                'per-image statistics (evaluate with '
-                                'tools/test_robustness.py)')
-            continue
-        stats[label], reps[label] = replicates_of(path, results, boot)
-        for note in stats[label].notes:
-            extras.notes.append(f'{label}: {note}')
-        if not reps[label]:
-            extras.notes.append(f'no intervals for {label}: no per-image statistics')
-            continue
-        for name, entry in reps[label].items():
-            extras.intervals.setdefault(label, {})[name] = {
-                q: interval(entry[q], boot.confidence) for q in ('P_clean', 'mPC', 'rPC')
-                if q in entry}
-            extras.cell_intervals.setdefault(label, {})[name] = {
-                cell: interval(v, boot.confidence) for cell, v in entry['cells'].items()}
-        missing = [n for n in points[label]['metrics'] if n in reps[label]
-                   and 'mPC' not in reps[label][n]]
-        if missing:
-            extras.notes.append(f'{label}: no mPC / rPC interval (cells of the protocol '
-                                'without per-image statistics)')
-    return stats, reps
-
-
-def entries_by(entries: Sequence[Tuple[str, str, Mapping]], label: str) -> Mapping:
-    return next(results for lb, _, results in entries if lb == label)
-
+           'write_csv', 'plot', 'write_report', 'adversarial_curves', 'attack_setting',
+           'main_metrics']
 
 def _with_interval(value: float, iv: Optional[Interval], scale: float = 1.0) -> str:
     text = _fmt(value, scale)
@@ -365,44 +143,6 @@ def _effective_markdown(extras: Extras) -> List[str]:
     return lines
 
 
-def adversarial_curves(results: Mapping) -> Dict[str, Dict[str, List[Tuple[float, float]]]]:
-    """``{metric: {attack: [(epsilon, value), ...]}}`` of a results file's attack cells, from
-    epsilon 0 (the clean score) up; empty without attacks."""
-    curves: Dict[str, Dict[str, List[Tuple[float, float]]]] = {}
-    clean = results['cells'].get('clean', {})
-    clean = clean.get(0, clean.get('0', {}))
-    attacks = dict(results.get('attacks') or {})
-    if attacks and WORST in results['cells']:  # NOTE: the worst case has the attacks' budgets
-        attacks[WORST] = next(iter(attacks.values()))
-    for attack, entry in attacks.items():
-        by_index = results['cells'].get(attack, {})
-        for k, eps in enumerate(entry['epsilons'], start=1):
-            scores = by_index.get(k, by_index.get(str(k)))
-            for metric, value in (scores or {}).items():
-                points = curves.setdefault(metric, {}).setdefault(attack, [])
-                if not points and metric in clean and eps > 0:
-                    points.append((0.0, float(clean[metric])))
-                points.append((float(eps), float(value)))
-    return curves
-
-
-def attack_setting(results: Mapping, attack: str) -> str:
-    """How hard ``attack`` tried, to print next to its figures: ``10 steps, random start``
-    (and the restarts when more than one); an attack's strength is only comparable with it."""
-    if attack == WORST:
-        return f'per image, worst of {", ".join(results.get("attacks") or {})}'
-    settings = (results.get('attacks') or {}).get(attack, {}).get('settings', {})
-    steps = settings.get('steps')
-    if steps is None:
-        return ''
-    parts = [f'{steps} step{"s" if steps != 1 else ""}']
-    if settings.get('random_start'):
-        parts.append('random start')
-    if settings.get('restarts', 1) > 1:
-        parts.append(f'{settings["restarts"]} restarts')
-    return ', '.join(parts)
-
-
 def _adversarial_markdown(results_by_label: Mapping[str, Mapping], metrics: Sequence[str]
                           ) -> List[str]:
     lines: List[str] = []
@@ -421,15 +161,6 @@ def _adversarial_markdown(results_by_label: Mapping[str, Mapping], metrics: Sequ
     return lines
 
 
-def main_metrics(summaries: Mapping[str, Dict]) -> List[str]:
-    """The headline metrics present (box/mask AP, mIoU), else every metric."""
-    names: List[str] = []
-    for summary in summaries.values():
-        names += [n for n in summary['metrics'] if n not in names]
-    chosen = [n for key in MAIN_METRICS for n in names if n.split('/')[-1] == key]
-    return chosen or names
-
-
 def _fmt(value: float, scale: float = 1.0, unit: str = '') -> str:
     """A number for tables and legends; '—' for an undefined one (rPC when P_clean is 0)."""
     if value != value:
@@ -437,12 +168,20 @@ def _fmt(value: float, scale: float = 1.0, unit: str = '') -> str:
     return f'{value * scale:.1f}{unit}' if unit else f'{value * scale:.3f}'
 
 
+def _summaries(results_by_label: Mapping[str, Mapping],
+               summaries: Optional[Mapping[str, Dict]]) -> Mapping[str, Dict]:
+    return summaries if summaries is not None else {
+        label: summarize(r) for label, r in results_by_label.items()}
+
+
 def summary_markdown(results_by_label: Mapping[str, Mapping],
                      metrics: Optional[Sequence[str]] = None,
-                     extras: Optional[Extras] = None) -> str:
+                     extras: Optional[Extras] = None,
+                     summaries: Optional[Mapping[str, Dict]] = None) -> str:
     """Markdown: P_clean / mPC / rPC per model and metric (with their intervals), then the
-    per-corruption means, attacks, paired differences, seeds and CE (:class:`Extras`)."""
-    summaries = {label: summarize(r) for label, r in results_by_label.items()}
+    per-corruption means, attacks, paired differences, seeds and CE (:class:`Extras`).
+    ``summaries``: :func:`summarize` of each, when the caller has them."""
+    summaries = _summaries(results_by_label, summaries)
     metrics = list(metrics) if metrics else main_metrics(summaries)
     extras = extras or Extras()
     lines = ['| model | metric | P_clean | mPC | rPC % | cells |', '|---|---|---|---|---|---|']
@@ -485,14 +224,16 @@ def summary_markdown(results_by_label: Mapping[str, Mapping],
 
 
 def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str,
-              extras: Optional[Extras] = None) -> Tuple[str, str]:
+              extras: Optional[Extras] = None,
+              summaries: Optional[Mapping[str, Dict]] = None) -> Tuple[str, str]:
     """``cells.csv`` (every model, metric, corruption, severity) and ``summary.csv``, with
     their intervals (empty where there are none); ``paired.csv``, ``seeds.csv`` and
     ``corruption_error.csv`` when :class:`Extras` has them. Returns the first two paths."""
     os.makedirs(out_dir, exist_ok=True)
     extras = extras or Extras()
+    summaries = _summaries(results_by_label, summaries)
     cells_path, summary_path = osp.join(out_dir, 'cells.csv'), osp.join(out_dir, 'summary.csv')
-    with open(cells_path, 'w', newline='') as f:
+    with atomic_write(cells_path, 'w', newline='') as f:
         writer = csv.writer(f)
         writer.writerow(['model', 'corruption', 'category', 'severity', 'metric', 'value',
                          'ci_low', 'ci_high'])
@@ -507,13 +248,13 @@ def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str,
                             (corruption, int(severity)), ('', ''))
                         writer.writerow([label, corruption, category, severity, metric, value,
                                          *iv])
-    with open(summary_path, 'w', newline='') as f:
+    with atomic_write(summary_path, 'w', newline='') as f:
         writer = csv.writer(f)
         writer.writerow(['model', 'metric', 'P_clean', 'mPC', 'rPC', 'cells', 'missing',
                          'P_clean_low', 'P_clean_high', 'mPC_low', 'mPC_high', 'rPC_low',
                          'rPC_high', 'confidence', 'replicates'])
         for label, results in results_by_label.items():
-            summary = summarize(results)
+            summary = summaries[label]
             for metric, m in summary['metrics'].items():
                 iv = extras.intervals.get(label, {}).get(metric, {})
                 bounds = [b for q in ('P_clean', 'mPC', 'rPC') for b in iv.get(q, ('', ''))]
@@ -544,7 +285,7 @@ def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str,
                   ['model', 'reference', 'metric', 'corruption', 'CE', 'relative_CE'], rows)
     curves = {label: adversarial_curves(r) for label, r in results_by_label.items()}
     if any(curves.values()):
-        with open(osp.join(out_dir, 'attacks.csv'), 'w', newline='') as f:
+        with atomic_write(osp.join(out_dir, 'attacks.csv'), 'w', newline='') as f:
             writer = csv.writer(f)
             writer.writerow(['model', 'attack', 'epsilon', 'metric', 'value', 'setting'])
             for label, by_metric in curves.items():
@@ -553,20 +294,21 @@ def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str,
                         setting = attack_setting(results_by_label[label], attack)
                         for eps, value in points:
                             writer.writerow([label, attack, eps, metric, value, setting])
-    names = main_metrics({label: summarize(r) for label, r in results_by_label.items()})
+    names = main_metrics(summaries)
     write_shift_csv(results_by_label, out_dir, names, extras)
     return cells_path, summary_path
 
 
 def _rows_csv(path: str, header: Sequence[str], rows: Sequence[Sequence]) -> None:
-    with open(path, 'w', newline='') as f:
+    with atomic_write(path, 'w', newline='') as f:
         writer = csv.writer(f)
         writer.writerow(header)
         writer.writerows(rows)
 
 
 def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
-         metrics: Optional[Sequence[str]] = None, extras: Optional[Extras] = None) -> List[str]:
+         metrics: Optional[Sequence[str]] = None, extras: Optional[Extras] = None,
+         summaries: Optional[Mapping[str, Dict]] = None) -> List[str]:
     """Per-corruption bars and per-severity curves, models side by side, and P_clean / mPC /
     rPC with their intervals where :class:`Extras` has them; returns the PNGs."""
     import matplotlib
@@ -575,7 +317,7 @@ def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
     import numpy as np
 
     os.makedirs(out_dir, exist_ok=True)
-    summaries = {label: summarize(r) for label, r in results_by_label.items()}
+    summaries = _summaries(results_by_label, summaries)
     metrics = list(metrics) if metrics else main_metrics(summaries)
     written = []
     for name in metrics:
@@ -634,6 +376,19 @@ def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
             written.append(_finish(fig, ax, name, f'{name} under attack',
                                    osp.join(out_dir, f'adversarial_{safe}.png')))
     return written
+
+
+def write_report(results_by_label: Mapping[str, Mapping], out_dir: str,
+                 metrics: Optional[Sequence[str]] = None, extras: Optional[Extras] = None
+                 ) -> Tuple[str, List[str]]:
+    """The whole report of some results (what both tools write): the Markdown (returned), the
+    CSV files and the plots in ``out_dir`` (their paths returned), the summaries computed
+    once."""
+    summaries = _summaries(results_by_label, None)
+    markdown = summary_markdown(results_by_label, metrics, extras, summaries)
+    paths = list(write_csv(results_by_label, out_dir, extras, summaries))
+    paths += plot(results_by_label, out_dir, metrics, extras, summaries)
+    return markdown, paths
 
 
 def _interval_plot(summaries: Mapping[str, Dict], extras: Extras, name: str, path: str) -> str:

@@ -12,7 +12,7 @@ import os.path as osp
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from ..datasets.shift_sets import is_shift_cell, shift_label
-from ..utils.io import save_figure
+from ..utils.io import atomic_write, save_figure
 from .metrics import CLEAN
 
 __all__ = ['shift_rows', 'shift_markdown', 'write_shift_csv', 'plot_shifts']
@@ -82,7 +82,7 @@ def write_shift_csv(results_by_label: Mapping[str, Mapping], out_dir: str,
         return None
     os.makedirs(out_dir, exist_ok=True)
     path = osp.join(out_dir, 'shifts.csv')
-    with open(path, 'w', newline='') as f:
+    with atomic_write(path, 'w', newline='') as f:
         writer = csv.writer(f)
         writer.writerow(['model', 'shift', 'level', 'set', 'metric', 'value', 'clean', 'drop',
                          'ci_low', 'ci_high'])
