@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 
 from mmrobust.corruptions import UnknownCorruptionError
+from mmrobust.evaluation.attacks import AttackError, AttackLossError
+from mmrobust.evaluation.background import MetricWorkerError
+from mmrobust.evaluation.results import ShardSpecError
 from mmrobust.models.utils import CheckpointMismatchError
 from mmrobust.utils import FileLockedError, RegistryLookupError
 from mmrobust.utils.errors import (
@@ -50,6 +53,13 @@ def _raise(exc):
     (InputNotFoundError("checkpoint 'x.pth' does not exist"), 1),
     (CheckpointMismatchError('missing keys (2): a, b'), 1),
     (FileLockedError('r.json is being written by pid 7'), 1),
+    (MetricWorkerError('the metric worker died while computing the metrics of cell fog 3 '
+                       '(exit code -9); its predictions are kept in p.pkl. Rerun the same '
+                       'command'), 1),
+    (ShardSpecError("--shard takes I/N with 0 <= I < N, got '3/2'"), 2),
+    (AttackError('epsilon must be a finite number >= 0, got -1'), 2),
+    (AttackLossError('the training loss of MaskRCNN could not be computed from the test data'),
+     1),
 ], ids=lambda x: type(x).__name__ if isinstance(x, Exception) else str(x))
 def test_a_user_error_is_one_line_and_its_status(exc, code, capsys, monkeypatch):
     monkeypatch.delenv('MMROBUST_DEBUG', raising=False)

@@ -41,7 +41,7 @@ from mmengine.model import is_model_wrapper
 from ..models import adversarial
 from ..models.data_preprocessors import PixelSpace, valid_mask
 from ..utils.config_checks import leaf_datasets
-from ..utils.errors import UsageError
+from ..utils.errors import MMRobustError, UsageError
 from .cells import (
     ATTACKS,
     NORMS,
@@ -53,7 +53,8 @@ from .cells import (
     transform_names,
 )
 
-__all__ = ['ATTACKS', 'NORMS', 'Attack', 'AttackError', 'AttackResult', 'annotations_after_resize',
+__all__ = ['ATTACKS', 'NORMS', 'Attack', 'AttackError', 'AttackLossError', 'AttackResult',
+           'annotations_after_resize',
            'attack_batch', 'attack_cells', 'attack_loss', 'attack_names', 'attack_of_cell',
            'attack_plan', 'check_attack_pipeline', 'gt_at_file_scale', 'is_attack_cell',
            'parse_epsilon', 'transform_names']
@@ -65,7 +66,13 @@ RANDOM_START = {'fgsm': False, 'pgd': True, 'segpgd': True, 'cospgd': True}
 
 
 class AttackError(UsageError):
-    """An attack that cannot run as asked: its name, budget, or the model and test data."""
+    """An attack that cannot run as asked: its name, budget, settings, or a model or test
+    pipeline it does not apply to (exit status 2)."""
+
+
+class AttackLossError(MMRobustError, RuntimeError):
+    """The model's training loss, which the detector's attack ascends, failed on the test data
+    (exit status 1): the message says what the loss needs; ``--debug`` shows where it failed."""
 
 
 def parse_epsilon(value: Union[str, float, int]) -> float:
@@ -335,7 +342,7 @@ def _task_loss(model: nn.Module, inputs: torch.Tensor, samples: Sequence) -> tor
     try:
         losses = model(inputs, samples, mode='loss')
     except Exception as err:
-        raise AttackError(
+        raise AttackLossError(
             f'the training loss of {type(model).__name__} could not be computed from the test '
             f'data ({type(err).__name__}: {err}). The attack needs the ground truth in the test '
             'pipeline (LoadAnnotations before the Pack step) and the model\'s train_cfg') from err

@@ -20,7 +20,7 @@ from mmengine.dist import collect_results, get_dist_info
 from mmengine.evaluator.metric import _to_cpu
 from mmengine.logging import print_log
 
-from ..utils.errors import ConfigError, shareable
+from ..utils.errors import ConfigError, MMRobustError, shareable
 from ..utils.io import TMP_MARK, atomic_write
 from .overlapped_loop import OverlappedTestLoop
 from .results import ResultsLayout
@@ -36,8 +36,10 @@ PREDICTIONS_FORMAT = 'mmrobust-cell-predictions/2'
 DELAY_ENV = 'MMROBUST_METRIC_WORKER_DELAY_S'
 
 
-class MetricWorkerError(RuntimeError):
-    """The metric worker died, or its metric failed, while computing a cell."""
+class MetricWorkerError(MMRobustError, RuntimeError):
+    """The metric worker died, or its metric failed, while computing a cell: the message says
+    where the cell's predictions are kept and that a rerun resumes from them (exit status 1;
+    ``--debug`` shows the worker's error's traceback)."""
 
 
 class MetricClassError(ConfigError):

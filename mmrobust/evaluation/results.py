@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..corruptions import CORRUPTIONS
-from ..utils.errors import InputNotFoundError, MMRobustError
+from ..utils.errors import InputNotFoundError, MMRobustError, UsageError
 from ..utils.io import ResultsStore
 from .cells import CLEAN, is_corruption_cell
 
@@ -379,10 +379,8 @@ class ShardError(MMRobustError, ValueError):
     """Shard results that cannot be merged, or a malformed ``--shard`` (the message says why)."""
 
 
-class ShardSpecError(ShardError):
+class ShardSpecError(UsageError, ShardError):
     """A malformed ``--shard`` (a usage error: exit status 2)."""
-
-    exit_code = 2
 
 
 def parse_shard(text: str) -> Tuple[int, int]:

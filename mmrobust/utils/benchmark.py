@@ -179,3 +179,23 @@ def interleave_processes(cases: Mapping[str, Tuple[Callable[..., Any], tuple]], 
     finally:
         for worker in workers.values():
             worker.close()
+
+
+# -- the synthetic COCO cell of the metric benchmarks ---------------------------------------------
+
+def add_synthetic_coco_args(parser: Any) -> None:
+    """The arguments of a synthetic COCO-format cell (``benchmark_coco_metric.py``,
+    ``benchmark_bootstrap.py``): images, detections per image, classes, timed rounds, seed."""
+    parser.add_argument('--n', type=int, default=500, help='images (default 500)')
+    parser.add_argument('--per-image', type=int, default=100, help='detections per image')
+    parser.add_argument('--classes', type=int, default=80)
+    parser.add_argument('--rounds', type=int, default=3, help='timed rounds (default 3)')
+    parser.add_argument('--seed', type=int, default=0)
+
+
+def synthetic_coco_cell(args: Any) -> Tuple[Dict, List[Dict]]:
+    """The ground truth (crowd regions in 5% of the images) and the detections of the cell
+    :func:`add_synthetic_coco_args` describes."""
+    from ..datasets.synthetic_coco import synthetic_coco_gt, synthetic_detections
+    gt = synthetic_coco_gt(args.n, args.classes, crowd_prob=0.05, seed=args.seed)
+    return gt, synthetic_detections(gt, per_image=args.per_image, seed=args.seed)

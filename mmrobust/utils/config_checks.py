@@ -14,7 +14,7 @@ import mmengine.registry as mme_registry
 from mmengine.config import Config
 from mmengine.registry import Registry
 
-from .errors import InputNotFoundError, MMRobustError
+from .errors import ConfigError, InputNotFoundError, UsageError
 
 __all__ = ['DatasetNotFoundError', 'RegistryLookupError', 'MissingCustomImportsError',
            'check_dataset_paths', 'check_custom_imports', 'explain_registry_errors',
@@ -27,16 +27,13 @@ class DatasetNotFoundError(InputNotFoundError):
     """A dataset file or folder named by the config does not exist."""
 
 
-class RegistryLookupError(MMRobustError, LookupError):
-    """A `type=` name was not found in the registry of the config's scope."""
+class RegistryLookupError(UsageError, LookupError):
+    """A `type=` name was not found in the registry of the config's scope (a config mistake:
+    a usage error, exit status 2)."""
 
-    exit_code = 2  # a config mistake: a usage error
 
-
-class MissingCustomImportsError(MMRobustError, RuntimeError):
-    """The config uses mmrobust modules but does not import mmrobust."""
-
-    exit_code = 2
+class MissingCustomImportsError(ConfigError):
+    """The config uses mmrobust modules but does not import mmrobust (exit status 2)."""
 
 
 def config_scope(cfg: Config) -> str:

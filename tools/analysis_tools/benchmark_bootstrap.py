@@ -42,25 +42,24 @@ from typing import Any, Dict
 
 import numpy as np
 
-from mmrobust.datasets.synthetic_coco import (
-    detections_to_coco_results,
-    synthetic_coco_gt,
-    synthetic_detections,
-)
+from mmrobust.datasets.synthetic_coco import detections_to_coco_results
 from mmrobust.evaluation.coco_metric import coco_backend
 from mmrobust.evaluation.per_image import CocoAP, coco_block, save_cell_stats
 from mmrobust.evaluation.uncertainty import bootstrap_weights
-from mmrobust.utils.benchmark import fmt_range, interleave, ratio_summary, summary
+from mmrobust.utils.benchmark import (
+    add_synthetic_coco_args,
+    fmt_range,
+    interleave,
+    ratio_summary,
+    summary,
+    synthetic_coco_cell,
+)
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--n', type=int, default=500, help='images (default 500)')
-    parser.add_argument('--per-image', type=int, default=100, help='detections per image')
-    parser.add_argument('--classes', type=int, default=80)
+    add_synthetic_coco_args(parser)
     parser.add_argument('--replicates', type=int, default=200)
-    parser.add_argument('--rounds', type=int, default=3, help='timed rounds (default 3)')
-    parser.add_argument('--seed', type=int, default=0)
     return parser.parse_args()
 
 
@@ -82,9 +81,9 @@ def main() -> None:
     print(f'{args.n} images, {args.per_image} detections each, {args.classes} classes, bbox, '
           f'{args.replicates} replicates; {os.cpu_count()} CPUs, load average '
           f'{os.getloadavg()[0]:.2f}', flush=True)
-    gt = synthetic_coco_gt(args.n, args.classes, crowd_prob=0.05, seed=args.seed)
+    gt, dets = synthetic_coco_cell(args)
     dets = detections_to_coco_results(
-        synthetic_detections(gt, per_image=args.per_image, seed=args.seed), gt, 'bbox')
+        dets, gt, 'bbox')
     weights = bootstrap_weights(args.n, args.replicates, args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         gt_file = os.path.join(tmp, 'gt.json')

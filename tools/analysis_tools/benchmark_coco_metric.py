@@ -38,28 +38,27 @@ from typing import Dict, List
 
 import numpy as np
 
-from mmrobust.datasets.synthetic_coco import (
-    detections_to_coco_results,
-    synthetic_coco_gt,
-    synthetic_detections,
-)
+from mmrobust.datasets.synthetic_coco import detections_to_coco_results
 from mmrobust.evaluation.coco_metric import COCO_BACKENDS, coco_backend
-from mmrobust.utils.benchmark import fmt_range, interleave, ratio_summary, summary
+from mmrobust.utils.benchmark import (
+    add_synthetic_coco_args,
+    fmt_range,
+    interleave,
+    ratio_summary,
+    summary,
+    synthetic_coco_cell,
+)
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--n', type=int, default=500, help='images (default 500)')
-    parser.add_argument('--per-image', type=int, default=100, help='detections per image')
-    parser.add_argument('--classes', type=int, default=80)
+    add_synthetic_coco_args(parser)
     parser.add_argument('--iou-types', nargs='+', default=['bbox', 'segm'],
                         choices=['bbox', 'segm'])
     parser.add_argument('--backends', nargs='+', default=list(COCO_BACKENDS),
                         choices=list(COCO_BACKENDS), help='pycocotools is always included')
-    parser.add_argument('--rounds', type=int, default=3, help='timed rounds (default 3)')
     parser.add_argument('--encode-images', type=int, default=20,
                         help='images whose masks are encoded per round (default 20)')
-    parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--device', default=None,
                         help='device of the device-path RLE (default: cuda if there is one)')
     return parser.parse_args()
@@ -146,8 +145,7 @@ def main() -> None:
           f'{", ".join(args.iou_types)}; {os.cpu_count()} CPUs, load average '
           f'{os.getloadavg()[0]:.2f}; {", ".join(labels.values())}', flush=True)
     start = time.perf_counter()
-    gt = synthetic_coco_gt(args.n, args.classes, crowd_prob=0.05, seed=args.seed)
-    dets = synthetic_detections(gt, per_image=args.per_image, seed=args.seed)
+    gt, dets = synthetic_coco_cell(args)
     results = {t: detections_to_coco_results(dets, gt, t) for t in args.iou_types}
     print(f'synthetic set: {len(gt["annotations"])} objects, '
           f'{sum(len(r) for r in results.values())} detections in '

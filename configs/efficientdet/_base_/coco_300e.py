@@ -6,21 +6,31 @@ _base_ = ['mmdet::_base_/datasets/coco_detection.py', 'mmdet::_base_/default_run
 
 image_size = (512, 512)
 max_epochs = 300
-train_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='LoadAnnotations', with_bbox=True),
-    dict(type='RandomResize', scale=image_size, ratio_range=(0.1, 2.0), keep_ratio=True),
-    dict(type='RandomCrop', crop_size=image_size),
-    dict(type='RandomFlip', prob=0.5),
-    dict(type='PackDetInputs')
-]
-test_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='Resize', scale=image_size, keep_ratio=True),
-    dict(type='LoadAnnotations', with_bbox=True),
-    dict(type='PackDetInputs',
-         meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor'))
-]
+
+
+def _pipelines(size):
+    """The recipe's train and test pipelines at a square input size."""
+    train = [
+        dict(type='LoadImageFromFile'),
+        dict(type='LoadAnnotations', with_bbox=True),
+        dict(type='RandomResize', scale=size, ratio_range=(0.1, 2.0), keep_ratio=True),
+        dict(type='RandomCrop', crop_size=size),
+        dict(type='RandomFlip', prob=0.5),
+        dict(type='PackDetInputs')
+    ]
+    test = [
+        dict(type='LoadImageFromFile'),
+        dict(type='Resize', scale=size, keep_ratio=True),
+        dict(type='LoadAnnotations', with_bbox=True),
+        dict(type='PackDetInputs',
+             meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor'))
+    ]
+    return train, test
+
+
+train_pipeline, test_pipeline = _pipelines(image_size)
+# NOTE: a config at another size takes these (a child's image_size does not re-run this file)
+train_pipeline_320, test_pipeline_320 = _pipelines((320, 320))
 train_dataloader = dict(batch_size=16, num_workers=8, dataset=dict(pipeline=train_pipeline))
 val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader
