@@ -26,7 +26,7 @@ from .uncertainty import interval
 
 __all__ = ['ER_AXES', 'bootstrap_p', 'effective_robustness', 'holm',
            'per_corruption_differences', 'recipe_corruption_differences',
-           'seed_bootstrap_difference']
+           'seed_bootstrap_difference', 'trend_at']
 
 ER_AXES = ('logit', 'linear')
 _EPS = 1e-6
@@ -126,7 +126,8 @@ def _fit(x: np.ndarray, y: np.ndarray, axis: str) -> Tuple[float, float]:
     return float(a), float(b)
 
 
-def _trend(a: float, b: float, x: np.ndarray, axis: str) -> np.ndarray:
+def trend_at(a: float, b: float, x: np.ndarray, axis: str) -> np.ndarray:
+    """The fitted trend's mPC (fraction) at clean scores ``x`` (fractions)."""
     return _inverse(a * _axis(x, axis) + b, axis)
 
 
@@ -168,7 +169,7 @@ def effective_robustness(points: Mapping[str, Tuple[float, float]], baselines: S
     models: Dict[str, Dict[str, float]] = {}
     usable = replicates is not None and all(bl in replicates for bl in baselines)
     for label, (p_clean, m_pc) in points.items():
-        trend = float(_trend(a, b, np.array([p_clean / scale]), axis)[0]) * scale
+        trend = float(trend_at(a, b, np.array([p_clean / scale]), axis)[0]) * scale
         row = {'P_clean': float(p_clean), 'mPC': float(m_pc), 'trend': trend,
                'ER': float(m_pc - trend), 'low': float('nan'), 'high': float('nan')}
         if usable and label in replicates:
@@ -191,7 +192,7 @@ def _er_replicates(label: str, baselines: Sequence[str],
         if np.isnan(xs[:, r]).any() or np.isnan(ys[:, r]).any() or np.ptp(xs[:, r]) <= 0:
             continue
         a, b = _fit(xs[:, r], ys[:, r], axis)
-        out[r] = (py[r] - _trend(a, b, np.array([px[r]]), axis)[0]) * scale
+        out[r] = (py[r] - trend_at(a, b, np.array([px[r]]), axis)[0]) * scale
     return out
 
 

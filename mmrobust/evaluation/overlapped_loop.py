@@ -32,6 +32,7 @@ import torch
 from mmengine.model import BaseModel, MMDistributedDataParallel, is_model_wrapper
 from mmengine.runner import TestLoop
 from mmengine.runner.amp import autocast
+from mmengine.runner.loops import _update_losses
 
 __all__ = ['DEFAULT_POST_PROCESS_QUEUE', 'DEFAULT_PREFETCH', 'BatchPrefetcher',
            'OverlappedTestLoop', 'PostProcessThread', 'split_test_step']
@@ -244,7 +245,6 @@ class OverlappedTestLoop(TestLoop):
 
     @torch.no_grad()
     def run_iter(self, idx: int, item: Any) -> None:
-        from mmengine.runner.loops import _update_losses
         data_batch, data = item if self._prefetcher is not None else (item, None)
         self.runner.call_hook('before_test_iter', batch_idx=idx, data_batch=data_batch)
         with autocast(enabled=self.fp16):

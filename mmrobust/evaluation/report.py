@@ -424,7 +424,7 @@ def _effective_plot(er: Mapping[str, Any], name: str, extras: Extras, path: str)
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from .comparisons import _trend
+    from .comparisons import trend_at
     from .uncertainty import metric_scale
     scale = metric_scale(name)
     fig, ax = plt.subplots(figsize=(6, 4.5))
@@ -432,7 +432,7 @@ def _effective_plot(er: Mapping[str, Any], name: str, extras: Extras, path: str)
     xs = np.array([m['P_clean'] for m in models.values()])
     span = np.linspace(max(xs.min() - 0.1 * scale, 1e-3 * scale),
                        min(xs.max() + 0.1 * scale, scale * (1 - 1e-3)), 100)
-    ax.plot(span, _trend(er['slope'], er['intercept'], span / scale, er['axis']) * scale, 'k--',
+    ax.plot(span, trend_at(er['slope'], er['intercept'], span / scale, er['axis']) * scale, 'k--',
             linewidth=1, label=f'trend of the baselines ({er["axis"]} fit)')
     for i, (label, m) in enumerate(models.items()):
         err = None

@@ -44,11 +44,13 @@ from .background import (
 from .cell_evaluators import CellEvaluators, side_file_metrics, without_unread_gt_masks
 from .cell_inference import one_pass_cells, per_cell_cells
 from .cells import (
+    CLEAN,
     WORST,
     Cell,
     CellSource,
     find_loading_step,
     is_attack_cell,
+    is_corruption_cell,
     is_shift_cell,
     shift_dataloader,
 )
@@ -293,22 +295,27 @@ def _infer_cells(runner, cfg: Config, plan: Plan, opts: RobustnessOptions, sourc
     ground-truth masks were decoded, :func:`~.cell_evaluators.without_unread_gt_masks`)."""
     attacked = [c for c in plan.infer if is_attack_cell(c[0])]
     shifted = [c for c in plan.infer if is_shift_cell(c[0])]
-    corrupted = [c for c in plan.infer if not is_attack_cell(c[0]) and not is_shift_cell(c[0])]
+    corrupted = [c for c in plan.infer if c[0] == CLEAN or is_corruption_cell(c[0])]
     loader_kind = 'one-pass'
     loading: Dict[str, str] = {}
     inference = None
-    if corrupted:
-        cfg_attacks = cfg  # NOTE: an attack's loss needs the ground truth the pipeline loads
-        cfg, gt_masks = without_unread_gt_masks(cfg, evaluators(corrupted[0])[0])
+    # NOTE: corruption and shift cells read what their metrics read; an attack's loss needs
+    # the ground truth the config's own pipeline loads
+    scored = corrupted + shifted
+    light = cfg
+    if scored:
+        light, gt_masks = without_unread_gt_masks(cfg, evaluators(scored[0])[0])
         if gt_masks:
             loading['gt_masks'] = gt_masks
-            print_log(f'ground-truth masks of the corruption cells: {gt_masks}',
+            print_log(f'ground-truth masks of the corruption and shift cells: {gt_masks}',
                       logger='current')
+    if corrupted:
         if writes_files:
             loader_kind = f'per-cell ({writes_files})'
         elif opts.one_pass:
             try:
-                inference = one_pass_cells(runner, cfg, corrupted, evaluators(corrupted[0])[0],
+                inference = one_pass_cells(runner, light, corrupted,
+                                            evaluators(corrupted[0])[0],
                                             source.seed, source.bgr_compat,
                                             source.corrupted_root, progress_bar,
                                             opts.post_process_queue, opts.prefetch)
@@ -319,20 +326,18 @@ def _infer_cells(runner, cfg: Config, plan: Plan, opts: RobustnessOptions, sourc
         else:
             loader_kind = 'per-cell (asked for)'
         if inference is None:
-            inference = per_cell_cells(runner, cfg, corrupted, evaluators, source.seed,
+            inference = per_cell_cells(runner, light, corrupted, evaluators, source.seed,
                                         source.bgr_compat, source.corrupted_root, progress_bar,
                                         post_process_queue=opts.post_process_queue,
                                         prefetch=opts.prefetch)
-    else:
-        cfg_attacks = cfg
     if attacked:
         assert opts.attacks
-        attacks = per_cell_cells(runner, cfg_attacks, attacked, evaluators, source.seed,
+        attacks = per_cell_cells(runner, cfg, attacked, evaluators, source.seed,
                                   source.bgr_compat, None, progress_bar, opts.attacks,
                                   opts.post_process_queue)
         inference = attacks if inference is None else itertools.chain(inference, attacks)
     if shifted:  # NOTE: each reads its own set: a dataloader each, the config's pipeline
-        shifts = per_cell_cells(runner, cfg, shifted, evaluators, source.seed,
+        shifts = per_cell_cells(runner, light, shifted, evaluators, source.seed,
                                 source.bgr_compat, None, progress_bar,
                                 post_process_queue=opts.post_process_queue,
                                 prefetch=opts.prefetch, shift_roots=opts.shift_roots)
