@@ -103,9 +103,10 @@ class PostProcessThread:
         self._cancelled = False
 
     def _raise(self) -> None:
+        # NOTE: the error stays: no batch after the failed one is processed, however often
+        # the loop asks
         if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+            raise self._error
 
     def _run(self) -> None:
         while True:

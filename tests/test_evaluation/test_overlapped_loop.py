@@ -53,7 +53,10 @@ def test_post_processing_error_is_raised_in_the_loop_and_stops_the_batches_after
             post.submit([], batch)
         post.drain()
     assert recorder.seen == [0, 1, 2]  # nothing after the failed batch
+    with pytest.raises(ValueError, match='batch 3'):  # nor later: the error stays
+        post.submit([], 9)
     post.close(cancel=True)
+    assert recorder.seen == [0, 1, 2]
 
 
 def test_post_processing_queue_is_bounded():
