@@ -31,7 +31,6 @@ from mmrobust.utils.origin import report_origin
 
 report_origin(__file__)
 
-import argparse
 import contextlib
 import io
 import json
@@ -46,21 +45,7 @@ from mmrobust.datasets.synthetic_coco import detections_to_coco_results
 from mmrobust.evaluation.coco_metric import coco_backend
 from mmrobust.evaluation.per_image import CocoAP, coco_block, save_cell_stats
 from mmrobust.evaluation.uncertainty import bootstrap_weights
-from mmrobust.utils.benchmark import (
-    add_synthetic_coco_args,
-    fmt_range,
-    interleave,
-    ratio_summary,
-    summary,
-    synthetic_coco_cell,
-)
-
-
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    add_synthetic_coco_args(parser)
-    parser.add_argument('--replicates', type=int, default=200)
-    return parser.parse_args()
+from mmrobust.utils import benchmark as bench
 
 
 def evaluated(backend: str, gt_file: str, dets: list) -> Any:
@@ -77,11 +62,13 @@ def evaluated(backend: str, gt_file: str, dets: list) -> Any:
 
 
 def main() -> None:
-    args = parse_args()
+    parser = bench.synthetic_coco_parser(__doc__)
+    parser.add_argument('--replicates', type=int, default=200)
+    args = parser.parse_args()
     print(f'{args.n} images, {args.per_image} detections each, {args.classes} classes, bbox, '
           f'{args.replicates} replicates; {os.cpu_count()} CPUs, load average '
           f'{os.getloadavg()[0]:.2f}', flush=True)
-    gt, dets = synthetic_coco_cell(args)
+    gt, dets = bench.synthetic_coco_cell(args)
     dets = detections_to_coco_results(
         dets, gt, 'bbox')
     weights = bootstrap_weights(args.n, args.replicates, args.seed)
@@ -114,13 +101,13 @@ def main() -> None:
             f'bootstrap, {args.replicates} replicates': lambda: CocoAP(block).values(weights),
         }
         start = time.perf_counter()
-        times = interleave(cases, rounds=args.rounds, warmup=0)
+        times = bench.interleave(cases, rounds=args.rounds, warmup=0)
     base = times['evaluation, faster-coco-eval']
     print(f'\n| step | s per cell ({args.rounds} rounds) | / faster-coco-eval evaluation |')
     print('|---|---|---|')
     for name, values in times.items():
-        print(f'| {name} | {fmt_range(summary(values), ".2f")} | '
-              f'{fmt_range(ratio_summary(values, base))}x |')
+        print(f'| {name} | {bench.fmt_range(bench.summary(values), ".2f")} | '
+              f'{bench.fmt_range(bench.ratio_summary(values, base))}x |')
     print(f'\n{time.perf_counter() - start:.0f} s; load average now {os.getloadavg()[0]:.2f}')
 
 

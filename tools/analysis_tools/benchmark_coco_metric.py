@@ -41,18 +41,17 @@ import numpy as np
 from mmrobust.datasets.synthetic_coco import detections_to_coco_results
 from mmrobust.evaluation.coco_metric import COCO_BACKENDS, coco_backend
 from mmrobust.utils.benchmark import (
-    add_synthetic_coco_args,
     fmt_range,
     interleave,
     ratio_summary,
     summary,
     synthetic_coco_cell,
+    synthetic_coco_parser,
 )
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    add_synthetic_coco_args(parser)
+    parser = synthetic_coco_parser(__doc__)
     parser.add_argument('--iou-types', nargs='+', default=['bbox', 'segm'],
                         choices=['bbox', 'segm'])
     parser.add_argument('--backends', nargs='+', default=list(COCO_BACKENDS),
