@@ -17,7 +17,7 @@ import torch
 
 from mmrobust.apis.convert import convert_checkpoint
 from mmrobust.models.backbones.efficientnet_lite import EfficientNetLite, checkpoint_filter_fn
-from mmrobust.models.utils import CheckpointMismatchError, load_state_dict_strict
+from mmrobust.models.checkpoint import CheckpointMismatchError, load_state_dict_strict
 
 from conftest import REPO, run_tool
 

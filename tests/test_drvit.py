@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mmrobust.models.backbones.drvit import TOKEN_MODES, DrViT
-from mmrobust.models.utils import CheckpointMismatchError
+from mmrobust.models.checkpoint import CheckpointMismatchError
 
 # a tiny f16 tokenizer (random weights: the backbone's behaviour does not depend on them)
 TOKENIZER = dict(type='VQGAN', arch=dict(ch=32, ch_mult=(1, 1, 2, 2, 2), num_res_blocks=1,

@@ -10,8 +10,8 @@ import torch.nn as nn
 from mmrobust.models.backbones import FANHybrid, FANSwin
 from mmrobust.models.backbones import fan as fan_module
 from mmrobust.models.backbones import fan_swin as fan_swin_module
+from mmrobust.models.checkpoint import CheckpointMismatchError, load_state_dict_strict
 from mmrobust.models.layers import ChannelProcessing, fourier_features
-from mmrobust.models.utils import CheckpointMismatchError, load_state_dict_strict
 
 # upstream state_dict layouts ([key, shape, dtype]), copied from the project's FAN spec
 KEYS_DIR = Path(__file__).resolve().parent / 'data' / 'fan_keys'

@@ -12,7 +12,7 @@ from mmengine.runner import Runner
 
 from mmrobust.apis import init_model, load_checkpoint_strict
 from mmrobust.engine import StrictLoadHook
-from mmrobust.models.utils import CheckpointMismatchError
+from mmrobust.models.checkpoint import CheckpointMismatchError
 from mmrobust.utils import safe_load
 
 from conftest import REPO, assert_user_error, run_cmd

@@ -12,7 +12,7 @@ from mmengine.registry import init_default_scope
 
 from mmrobust.datasets import ImageCrops, ImageCropsDataset
 from mmrobust.engine import VQOptimWrapperConstructor
-from mmrobust.engine.hooks.strict_load import loadable_state
+from mmrobust.models.checkpoint import loadable_state
 from mmrobust.models.tokenizers import VQGAN, VQTokenizerTrainer
 from mmrobust.models.tokenizers.trainer import ema_update
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from mmrobust.models.checkpoint import CheckpointMismatchError
 from mmrobust.models.tokenizers import VQGAN, VQGAN_ARCHS, load_tokenizer_checkpoint
-from mmrobust.models.utils import CheckpointMismatchError
 from mmrobust.utils import UnsafeCheckpointError
 
 KEYS_DIR = Path(__file__).resolve().parent / 'data' / 'vqgan_keys'

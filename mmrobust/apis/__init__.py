@@ -1,3 +1,4 @@
+from ..models.checkpoint import load_checkpoint_strict
 from .launch import (
     add_launch_args,
     add_partial_load_arg,
@@ -6,7 +7,6 @@ from .launch import (
     apply_train_args,
     build_runner,
     init_model,
-    load_checkpoint_strict,
     parse_launch_args,
     setup_distributed,
 )

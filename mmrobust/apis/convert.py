@@ -19,14 +19,43 @@ from ..utils.errors import InputNotFoundError, UnknownNameError
 __all__ = ['FAMILIES', 'Conversion', 'build_target', 'convert_checkpoint', 'read_checkpoint']
 
 
+#: ``filter(checkpoint, model, dropped)``: the family's ``checkpoint_filter_fn``
+Filter = Callable[[Mapping, nn.Module, Dict[str, str]], Dict[str, torch.Tensor]]
+
+
+def _own_filter(checkpoint: Mapping, model: nn.Module, dropped: Dict[str, str]) -> Dict:
+    """The backbone's own converter (``model.convert_checkpoint``: FAN, EfficientNet-Lite)."""
+    return model.convert_checkpoint(checkpoint, dropped)
+
+
+def _drvit_filter(checkpoint: Mapping, model: nn.Module, dropped: Dict[str, str]) -> Dict:
+    from ..models.backbones.drvit import checkpoint_filter_fn
+    return checkpoint_filter_fn(checkpoint, model, dropped)
+
+
+def _vqgan_filter(checkpoint: Mapping, model: nn.Module, dropped: Dict[str, str]) -> Dict:
+    from ..models.tokenizers.vqgan import checkpoint_filter_fn
+    return checkpoint_filter_fn(checkpoint, model, dropped)
+
+
 @dataclass
 class _Family:
-    """How to build a family's target model and what its arch / out-type options mean."""
+    """How to build a family's target model, what its arch / out-type options mean and how its
+    checkpoints convert."""
     build: Callable[[str, str], nn.Module]
     archs: Tuple[str, ...]
     default_arch: str
     out_types: Tuple[str, ...]
     source: str  # what the upstream file is, for --help
+    filter: Filter = _own_filter
+    #: model keys the file cannot hold and that keep their own weights (not "new"): Dr-ViT's
+    #: tokenizer loads from its own checkpoint
+    separate: Tuple[str, ...] = ()
+
+    def allowed_missing(self, model: nn.Module) -> Tuple[str, ...]:
+        """Prefixes of model keys the converted file may lack."""
+        newly_added = model.newly_added() if hasattr(model, 'newly_added') else ()
+        return tuple(newly_added) + self.separate
 
 
 def _fan_hybrid(arch: str, out_type: str) -> nn.Module:
@@ -66,9 +95,11 @@ FAMILIES: Dict[str, _Family] = {
     'fan-swin': _Family(_fan_swin, ('tiny', 'small', 'base'), 'tiny', ('dense', 'cls'),
                         'a FAN-Swin classification checkpoint (FANSwin(out_type="cls"))'),
     'drvit': _Family(_drvit, ('tiny', 'small', 'base'), 'small', ('dense',),
-                     'a timm / DeiT ViT (deit_*_patch16_224.pth)'),
+                     'a timm / DeiT ViT (deit_*_patch16_224.pth)', _drvit_filter,
+                     separate=('tokenizer.',)),
     'vqgan': _Family(_vqgan, ('f16_1024', 'f16_16384', 'f8_16384', 'small_f16'), 'f16_1024',
-                     ('tokenizer',), 'a taming-transformers / latent-diffusion VQGAN .ckpt'),
+                     ('tokenizer',), 'a taming-transformers / latent-diffusion VQGAN .ckpt',
+                     _vqgan_filter),
     'efficientnet-lite': _Family(_efficientnet_lite, ('lite0',), 'lite0', ('det', 'full'),
                                  "timm's tf_efficientnet_lite0 .pth, or the TF / TF-Keras "
                                  'variables as .npz'),
@@ -104,7 +135,7 @@ def read_checkpoint(path: str) -> Mapping:
     if path.endswith('.npz'):
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
-    from ..models.tokenizers.checkpoint import load_tokenizer_checkpoint
+    from ..models.checkpoint import load_tokenizer_checkpoint
     from ..utils import safe_load
     if path.endswith('.ckpt'):  # Lightning: pickled training state around the weights
         return load_tokenizer_checkpoint(path)
@@ -128,21 +159,12 @@ def convert_checkpoint(family: str, checkpoint: Mapping, arch: Optional[str] = N
     Raises:
         CheckpointMismatchError: the converted keys do not match the model (listed).
     """
-    from ..models.utils import load_state_dict_strict
+    from ..models.checkpoint import load_state_dict_strict
     model = build_target(family, arch, out_type)
+    spec = FAMILIES[family]
     dropped: Dict[str, str] = {}
-    if family == 'vqgan':
-        from ..models.tokenizers.vqgan import checkpoint_filter_fn
-        allowed: Tuple[str, ...] = ()
-        state = checkpoint_filter_fn(checkpoint, model, dropped)
-    elif family == 'drvit':
-        from ..models.backbones.drvit import checkpoint_filter_fn
-        allowed = model.newly_added() + ('tokenizer.',)
-        state = checkpoint_filter_fn(checkpoint, model, dropped)
-    else:
-        allowed = model.newly_added()
-        state = model.convert_checkpoint(checkpoint, dropped)
-    load_state_dict_strict(model, state, allowed, source=source)
+    state = spec.filter(checkpoint, model, dropped)
+    load_state_dict_strict(model, state, spec.allowed_missing(model), source=source)
     new = tuple(sorted(k for k in model.state_dict() if k not in state
-                       and not k.startswith('tokenizer.')))
+                       and not any(k.startswith(p) for p in spec.separate)))
     return Conversion(model, state, dropped, new)

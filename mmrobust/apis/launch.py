@@ -26,10 +26,11 @@ from mmrobust.utils.config_checks import (
     leaf_datasets,
 )
 
+from ..models.checkpoint import load_checkpoint_strict, loaded_module
 from ..utils.errors import ConfigError, InputNotFoundError, UsageError
 
 __all__ = ['apply_common_args', 'apply_train_args', 'apply_test_args', 'build_runner',
-           'init_model', 'load_checkpoint_strict', 'setup_distributed', 'add_partial_load_arg']
+           'init_model', 'setup_distributed', 'add_partial_load_arg']
 
 
 def add_launch_args(parser: argparse.ArgumentParser) -> None:
@@ -261,45 +262,6 @@ def build_runner(cfg: Config, loaders: tuple, allow_partial_load: bool = False) 
     return runner
 
 
-def load_checkpoint_strict(model: torch.nn.Module, checkpoint: str,
-                           allow_partial_load: bool = False) -> dict:
-    """Load a whole-model checkpoint (mmengine's, or a plain state dict) into ``model``; every
-    key must load (by mmengine's rules: each module's key remaps count, a missing BatchNorm
-    ``num_batches_tracked`` is exempt) unless ``allow_partial_load`` (then the lists are
-    logged).
-
-    Returns:
-        The raw checkpoint (for its ``meta``).
-    """
-    from mmengine.runner.checkpoint import _load_checkpoint
-
-    from ..engine.hooks.strict_load import (
-        PARTIAL_LOAD_FLAG,
-        checkpoint_state,
-        dry_run_load,
-        loadable_state,
-        loaded_module,
-    )
-    from ..models.utils import CheckpointMismatchError, mismatch_message
-    raw = _load_checkpoint(checkpoint, map_location='cpu')
-    state = checkpoint_state(raw, checkpoint)
-    model = loaded_module(model)
-    problems = dry_run_load(model, state)  # NOTE: by mmengine's rules, as StrictLoadHook
-    if any(problems):
-        message = mismatch_message(f'{checkpoint} does not match {type(model).__name__}:',
-                                   *problems)
-        if not allow_partial_load:
-            raise CheckpointMismatchError(
-                f'{message}. Use the config it was trained with, or {PARTIAL_LOAD_FLAG} '
-                '(allow_partial_load=True) for an intended partial load.')
-        print_log(f'PARTIAL LOAD: {message}; the rest keeps its initialisation',
-                  logger='current', level=logging.WARNING)
-        own = loadable_state(model)
-        state = {k: v for k, v in state.items() if k in own and v.shape == own[k].shape}
-    model.load_state_dict(state, strict=False)
-    return raw
-
-
 class _FrozenParameterLines(logging.Filter):
     """Drops mmengine's optimizer-constructor line per frozen parameter (27 for a FAN
     detector's class-token path); :func:`_summarise_frozen_parameters` says it once."""
@@ -309,7 +271,6 @@ class _FrozenParameterLines(logging.Filter):
 
 
 def _summarise_frozen_parameters(runner: Runner) -> None:
-    from ..engine.hooks.strict_load import loaded_module
     frozen = [n for n, p in loaded_module(runner.model).named_parameters() if not p.requires_grad]
     if not frozen:
         return

@@ -61,8 +61,8 @@ class VQOptimWrapperConstructor:
         self.cfg = optim_wrapper_cfg
 
     def __call__(self, model: nn.Module) -> OptimWrapperDict:
-        from ..models.tokenizers.trainer import unwrap
-        model = unwrap(model)
+        from ..models.utils import unwrap_model
+        model = unwrap_model(model)
         holder = nn.Module()
         # NOTE: the EMA codebook is updated by its averages, not by the optimizer
         holder.params = nn.ParameterList(model.generator_parameters())

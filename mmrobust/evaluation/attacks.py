@@ -36,10 +36,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.config import Config
 from mmengine.logging import print_log
-from mmengine.model import is_model_wrapper
 
 from ..models import adversarial
 from ..models.data_preprocessors import PixelSpace, valid_mask
+from ..models.utils import unwrap_model
 from ..utils.config_checks import leaf_datasets
 from ..utils.errors import MMRobustError, UsageError
 from .cells import (
@@ -485,7 +485,7 @@ def attack_batch(model: nn.Module, data: dict, attack: Attack,
         AttackError: a segmentation-only attack on a detector, or test data without ground
             truth, or a model whose training loss fails on it.
     """
-    module = model.module if is_model_wrapper(model) else model
+    module = unwrap_model(model)
     attack.check_model(module)
     if attack.eps == 0:
         return AttackResult(data)
@@ -516,7 +516,7 @@ def attack_loss(model: nn.Module, data: dict, attack: Attack, gt_at_file_scale: 
     predictor's plain per-pixel cross-entropy for segmentors) at ``data``'s images, each alone
     and seeded as the attack seeds it, averaged over the images (as
     :attr:`AttackResult.final_loss`)."""
-    module = model.module if is_model_wrapper(model) else model
+    module = unwrap_model(model)
     x, samples = data['inputs'], data['data_samples']
     attack.check_model(module)
     loss_samples = _loss_samples(module, samples, gt_at_file_scale)

@@ -7,8 +7,8 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from mmengine.config import Config
 from mmengine.dist import get_dist_info
-from mmengine.model import is_model_wrapper
 
+from ..models.utils import unwrap_model
 from ..utils.progress import Progress
 from .attacks import attack_batch, attack_of_cell
 from .background import InferenceLoop, gather_parts
@@ -93,7 +93,7 @@ def attacking(runner, cfg: Config, attack) -> Iterator[None]:
     """The model's data preprocessor attacks every test batch within the block."""
     from ..models.data_preprocessors import PixelSpace
     from ..models.data_preprocessors.pixel_space import patched_forward
-    model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+    model = unwrap_model(runner.model)
     late_gt = gt_at_file_scale(cfg)
     space = None
 

@@ -24,7 +24,6 @@ from typing import Any, Dict, List, Optional, Tuple
 from mmengine.config import Config
 from mmengine.dist import barrier, get_dist_info
 from mmengine.logging import print_log
-from mmengine.model import is_model_wrapper
 
 from ..corruptions import Protocol
 from ..corruptions.stored import (
@@ -35,6 +34,7 @@ from ..corruptions.stored import (
     stored_settings,
 )
 from ..datasets.shift_sets import check_shift_root, shift_identity
+from ..models.utils import unwrap_model
 from ..utils.config_checks import leaf_datasets
 from ..utils.progress import Progress
 from .attacks import attack_of_cell, check_attack_pipeline
@@ -171,7 +171,7 @@ def _resolve_source(runner, cfg: Config, opts: RobustnessOptions
         find_loading_step(list(dataset['pipeline']))
     if opts.attacks:  # NOTE: stop before any inference when the attacks cannot run
         check_attack_pipeline(cfg)
-        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        model = unwrap_model(runner.model)
         for name in opts.attacks:
             attack_of_cell(opts.attacks, name, 1).check_model(model)
     for name, level in opts.shifts or ():  # NOTE: a missing or mis-laid set stops here

@@ -1,5 +1,13 @@
 # NOTE: importing the subpackages registers their modules in the mmdet and mmseg registries
-from . import backbones, data_preprocessors, dense_heads, layers, necks, tokenizers  # noqa: F401
+from . import (  # noqa: F401
+    backbones,
+    checkpoint,
+    data_preprocessors,
+    dense_heads,
+    layers,
+    necks,
+    tokenizers,
+)
 from .backbones import DrViT, EfficientNetLite, FANHybrid, FANSwin
 from .dense_heads import EfficientDetHead
 from .necks import BiFPN

@@ -151,7 +151,7 @@ def test_the_check_runs_after_hooks_that_adapt_the_checkpoint():
     from mmengine.runner.priority import get_priority
 
     from mmrobust.engine import StrictLoadHook
-    from mmrobust.models.utils import CheckpointMismatchError
+    from mmrobust.models.checkpoint import CheckpointMismatchError
     model = _bn_model()
 
     class Adapt(Hook):  # renames an old layout's keys, as a converter hook would

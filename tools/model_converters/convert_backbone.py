@@ -33,7 +33,7 @@ from typing import List, Optional
 import torch
 
 from mmrobust.apis.convert import FAMILIES, convert_checkpoint, read_checkpoint
-from mmrobust.models.utils import dropped_summary
+from mmrobust.models.checkpoint import dropped_summary
 from mmrobust.utils import atomic_write
 
 

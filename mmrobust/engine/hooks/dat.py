@@ -36,7 +36,6 @@ import torch.nn as nn
 from mmengine.dist import get_rank
 from mmengine.hooks import Hook
 from mmengine.logging import MessageHub, print_log
-from mmengine.model import is_model_wrapper
 
 from ...models.adversarial import (
     finite_images,
@@ -47,6 +46,7 @@ from ...models.adversarial import (
 )
 from ...models.data_preprocessors import PixelSpace, patch_forward, valid_mask
 from ...models.tokenizers import quantize_images
+from ...models.utils import unwrap_model
 from ...registry import HOOKS, MODELS
 from ...utils.errors import InputNotFoundError
 
@@ -173,7 +173,7 @@ class DATHook(Hook):
 
     def attach(self, model: nn.Module) -> None:
         """Wrap ``model.data_preprocessor`` (a model wrapper is unwrapped first)."""
-        module = model.module if is_model_wrapper(model) else model
+        module = unwrap_model(model)
         pre = module.data_preprocessor
         device = next((p.device for p in module.parameters()), torch.device('cpu'))
         self.build_tokenizer(device)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from mmengine.hooks import Hook
 
-from ...models.tokenizers.trainer import unwrap
+from ...models.utils import unwrap_model
 from ...registry import HOOKS
 from ...utils.io import atomic_image, atomic_json, atomic_write
 
@@ -50,7 +50,7 @@ class TokenizerExportHook(Hook):
 
     def after_val_epoch(self, runner, metrics: Optional[Dict[str, float]] = None) -> None:
         self.last_metrics = {k.split('/')[-1]: v for k, v in (metrics or {}).items()}
-        model = unwrap(runner.model)
+        model = unwrap_model(runner.model)
         preview = getattr(model, 'last_preview', None)
         if runner.rank == 0 and preview is not None:
             _preview(*preview, osp.join(runner.work_dir, 'previews', f'iter_{runner.iter:06d}.png'))
@@ -58,7 +58,7 @@ class TokenizerExportHook(Hook):
     def after_train(self, runner) -> None:
         if runner.rank != 0:
             return
-        model = unwrap(runner.model)
+        model = unwrap_model(runner.model)
         with atomic_write(osp.join(runner.work_dir, 'tokenizer.pth'), 'wb') as f:
             torch.save(model.vqgan.state_dict(), f)
         atomic_json(osp.join(runner.work_dir, 'eval.json'),

@@ -10,7 +10,8 @@ import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..utils import load_pretrained, resolve_arch
+from ..checkpoint import load_pretrained
+from ..utils import resolve_arch
 
 
 class DenseBackbone(BaseModule):

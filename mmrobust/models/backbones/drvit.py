@@ -17,8 +17,9 @@ import torch.nn.functional as F
 from mmcv.cnn.bricks import DropPath
 
 from ...registry import MODELS
+from ..checkpoint import CheckpointMismatchError, unwrap_state_dict
 from ..layers import LayerNorm2d, Mlp
-from ..utils import CheckpointMismatchError, init_trunc_normal_, unwrap_state_dict
+from ..utils import init_trunc_normal_
 from .base import DenseBackbone
 
 __all__ = ['DrViT', 'checkpoint_filter_fn']

@@ -16,8 +16,8 @@ from mmdet.models.backbones import EfficientNet
 from mmengine.model.weight_init import initialize
 
 from ...registry import MODELS
+from ..checkpoint import CheckpointMismatchError, load_pretrained, unwrap_state_dict
 from ..layers.separable_conv import BN_TF
-from ..utils import CheckpointMismatchError, load_pretrained, unwrap_state_dict
 
 __all__ = ['EfficientNetLite', 'checkpoint_filter_fn']
 

@@ -18,8 +18,9 @@ from mmcv.cnn.bricks import DropPath
 
 from mmrobust.registry import MODELS
 
+from ..checkpoint import unwrap_state_dict
 from ..layers import ChannelProcessing, ConvMlp, LayerNorm2d, Mlp, PositionalEncodingFourier
-from ..utils import init_trunc_normal_, unwrap_state_dict
+from ..utils import init_trunc_normal_
 from .base import DenseBackbone
 
 __all__ = ['FANHybrid', 'checkpoint_filter_fn']

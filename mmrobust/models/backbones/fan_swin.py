@@ -19,8 +19,9 @@ from mmcv.cnn.bricks import DropPath
 
 from mmrobust.registry import MODELS
 
+from ..checkpoint import unwrap_state_dict
 from ..layers import ChannelProcessing, Mlp
-from ..utils import init_trunc_normal_, unwrap_state_dict
+from ..utils import init_trunc_normal_
 from .base import DenseBackbone
 
 __all__ = ['FANSwin', 'checkpoint_filter_fn']

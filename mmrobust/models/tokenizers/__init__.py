@@ -1,4 +1,4 @@
-from .checkpoint import load_tokenizer_checkpoint
+from ..checkpoint import load_tokenizer_checkpoint
 from .trainer import VQTokenizerTrainer
 from .vqgan import VQGAN, VQGAN_ARCHS, VectorQuantizer, checkpoint_filter_fn, quantize_images
 

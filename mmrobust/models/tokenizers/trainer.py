@@ -29,13 +29,13 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.logging import MessageHub, print_log
-from mmengine.model import BaseModel, is_model_wrapper
+from mmengine.model import BaseModel
 from mmengine.optim import OptimWrapper, OptimWrapperDict
 
 from ...registry import MODELS
+from ..utils import unwrap_model
 
-__all__ = ['VQTokenizerTrainer', 'PatchDiscriminator', 'psnr', 'code_stats', 'ema_update',
-           'unwrap']
+__all__ = ['VQTokenizerTrainer', 'PatchDiscriminator', 'psnr', 'code_stats', 'ema_update']
 
 
 # -- pieces ----------------------------------------------------------------------------------------
@@ -82,10 +82,6 @@ def ema_update(codebook: torch.Tensor, cluster_size: torch.Tensor, embed_sum: to
     n = cluster_size.sum()
     size = (cluster_size + eps) / (n + len(codebook) * eps) * n
     codebook.copy_(embed_sum / size[:, None])
-
-
-def unwrap(module: nn.Module) -> nn.Module:
-    return module.module if is_model_wrapper(module) else module
 
 
 def _world() -> int:
@@ -186,11 +182,11 @@ class VQTokenizerTrainer(BaseModel):
     # -- helpers -----------------------------------------------------------------------------------
     @property
     def vqgan(self) -> nn.Module:
-        return unwrap(self.tokenizer)
+        return unwrap_model(self.tokenizer)
 
     @property
     def state(self) -> _TrainingState:
-        return unwrap(self.loss)
+        return unwrap_model(self.loss)
 
     @property
     def codebook(self) -> torch.Tensor:

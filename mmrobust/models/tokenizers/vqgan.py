@@ -23,7 +23,8 @@ from mmengine.model import BaseModule
 from ...registry import MODELS
 from ...utils.device import cpu_has_native_bf16
 from ...utils.errors import InputNotFoundError
-from ..utils import CheckpointMismatchError, dropped_summary, load_state_dict_strict, resolve_arch
+from ..checkpoint import CheckpointMismatchError, dropped_summary, load_state_dict_strict
+from ..utils import resolve_arch
 
 # -- blocks ----------------------------------------------------------------------------------------
 
@@ -292,7 +293,7 @@ class VQGAN(BaseModule):
 
     def load_checkpoint(self, path: str) -> None:
         """Load a taming/latent-diffusion ``.ckpt`` or a state dict, strictly and safely."""
-        from .checkpoint import load_tokenizer_checkpoint
+        from ..checkpoint import load_tokenizer_checkpoint
         if not osp.isfile(osp.expanduser(path)):
             raise InputNotFoundError(
                 f'VQGAN: tokenizer checkpoint {path!r} not found (resolved from '
