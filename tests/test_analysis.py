@@ -13,7 +13,7 @@ from mmrobust.analysis import (
     patch_mask,
 )
 
-from conftest import DEMO_DET_CFG, run_tool
+from helpers import DEMO_DET_CFG, run_tool
 
 
 @pytest.mark.parametrize('h,w,u,v', [(32, 32, 0, 0), (32, 32, 3, -5), (31, 45, 7, 2),

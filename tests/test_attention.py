@@ -11,7 +11,7 @@ from mmrobust.models import DrViT, FANHybrid
 from mmrobust.models.backbones.drvit import Attention as ViTAttention
 from mmrobust.models.backbones.fan import TokenMixing
 
-from conftest import REPO, run_tool
+from helpers import REPO, run_tool
 
 
 @pytest.mark.parametrize('module', [TokenMixing(48, 3), ViTAttention(48, 3)],

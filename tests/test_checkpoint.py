@@ -13,7 +13,7 @@ from mmengine.runner import Runner, load_checkpoint
 import mmrobust  # noqa: F401  (installs the safe loader)
 from mmrobust.utils import NotACheckpointError, UnsafeCheckpointError, safe_load
 
-from conftest import run_tool
+from helpers import run_tool
 
 
 class _Evil:

@@ -26,7 +26,7 @@ from mmrobust.utils import (
     leaf_datasets,
 )
 
-from conftest import ALL_CONFIGS, REPO, config_id
+from helpers import ALL_CONFIGS, REPO, config_id
 
 ZOO = {osp.normpath(e.config): e for e in load_zoo(str(REPO))}
 

@@ -19,7 +19,7 @@ from mmrobust.apis.convert import convert_checkpoint
 from mmrobust.models.backbones.efficientnet_lite import EfficientNetLite, checkpoint_filter_fn
 from mmrobust.models.checkpoint import CheckpointMismatchError, load_state_dict_strict
 
-from conftest import REPO, run_tool
+from helpers import REPO, run_tool
 
 KEYS = REPO / 'tests' / 'data' / 'efficientnet_keys'
 

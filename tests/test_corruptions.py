@@ -21,8 +21,8 @@ from mmrobust.corruptions import (
 )
 from mmrobust.corruptions.functional import frost_texture_dir
 
-from conftest import REPO
-from reference_corruptions import reference_corrupt
+from helpers import REPO
+from helpers.reference_corruptions import reference_corrupt
 
 PHOTOS = ('astronaut', 'chelsea', 'coffee')
 # NOTE: resampled with OpenCV's bilinear warps instead of SciPy: a documented tolerance

@@ -16,8 +16,8 @@ from mmrobust.models import VQGAN
 from mmrobust.models.data_preprocessors import PixelSpace, valid_mask
 from mmrobust.utils import safe_load
 
-from conftest import REPO, free_port, run_cmd, run_ranks, run_tool
-from cpu_sync_bn import SyncBatchNorm
+from helpers import REPO, free_port, run_cmd, run_ranks, run_tool
+from helpers.cpu_sync_bn import SyncBatchNorm
 
 DET_DAT = 'configs/toy/mask-rcnn_fan-t-hybrid_fpn_dat_toy-coco.py'
 R18_DAT = 'configs/toy/mask-rcnn_r18_fpn_dat_toy-coco.py'

@@ -10,7 +10,7 @@ from typing import Dict, List, Set, Tuple
 
 import pytest
 
-from conftest import REPO, run_tool_in_process
+from helpers import REPO, run_tool_in_process
 
 PAGES = [REPO / 'README.md', REPO / 'CONTRIBUTING.md', REPO / 'data' / 'README.md',
          *sorted((REPO / 'configs').glob('*/README.md')), *sorted((REPO / 'docs').rglob('*.md'))]

@@ -6,7 +6,7 @@ from mmengine.registry import MODELS, init_default_scope
 
 from mmrobust.models import BiFPN, EfficientDetHead, EfficientNetLite
 
-from conftest import REPO
+from helpers import REPO
 
 BASES = {'d0': 'configs/efficientdet/_base_/efficientdet-d0.py',
          'lite0': 'configs/efficientdet/_base_/efficientdet-lite0.py'}

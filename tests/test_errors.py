@@ -27,7 +27,7 @@ from mmrobust.utils.errors import (
     run_tool,
 )
 
-from conftest import REPO, assert_user_error, run_cmd, run_tool_in_process
+from helpers import REPO, assert_user_error, run_cmd, run_tool_in_process
 
 
 def _run(main, capsys, argv=('tool', )):

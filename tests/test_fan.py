@@ -423,7 +423,7 @@ def test_missing_pretrained_file_says_what_to_do():
 
 @pytest.mark.slow
 def test_converter_cli_writes_a_strictly_loadable_checkpoint(tmp_path):
-    from conftest import run_tool
+    from helpers import run_tool
     src = tmp_path / 'fan_hybrid_tiny.pth.tar'
     torch.save({'state_dict': _state_from_keys('fan_hybrid_tiny_cls')}, src)
     dst = tmp_path / 'converted.pth'

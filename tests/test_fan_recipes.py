@@ -7,7 +7,7 @@ import re
 import pytest
 from mmengine.config import Config
 
-from conftest import REPO, run_tool
+from helpers import REPO, run_tool
 
 CASCADES = {v: f'configs/fan/cascade-mask-rcnn_fan-{v}-hybrid_fpn_ms-3x_coco.py'
             for v in ('t', 's', 'b', 'l')}

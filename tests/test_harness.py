@@ -1,6 +1,6 @@
-"""The suite's own harness (tests/conftest.py): a hung test is reported with the stacks of every
-thread within its limit, the limits are the ones set in one place, and a test that leaves a
-process running fails, naming it, and the process is killed.
+"""The suite's own harness (the plugin tests/helpers/harness.py): a hung test is reported with
+the stacks of every thread within its limit, the limits are the ones set in one place, and a
+test that leaves a process running fails, naming it, and the process is killed.
 
 The misbehaving tests below run only inside a pytest of their own, started by the tests that
 check what the harness makes of them (`MMROBUST_HARNESS_SELFTEST` names the one to run).
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from conftest import (
-    REPO,
+from helpers import REPO
+from helpers.harness import (
     SLOW_LIMIT,
     TRAINING_FIXTURE_LIMIT,
     descendants,
@@ -128,11 +128,11 @@ class _Item:
 
 
 def test_the_first_user_of_the_trained_detector_gets_the_training_limit(monkeypatch):
-    import conftest
-    monkeypatch.setattr(conftest, '_STARTED', set())
+    from helpers import harness
+    monkeypatch.setattr(harness, 'STARTED', set())
     user = _Item(['trained_toy_detector', 'tmp_path'], ['slow'])
     assert time_limit(user) == TRAINING_FIXTURE_LIMIT > 2400
-    conftest._STARTED.add('trained_toy_detector')
+    harness.STARTED.add('trained_toy_detector')
     assert time_limit(user) == SLOW_LIMIT
     assert time_limit(_Item(['tmp_path'])) is None
     assert time_limit(_Item(['tmp_path'], ['slow', 'timeout'])) is None  # its own marker wins

@@ -18,7 +18,7 @@ from mmrobust.corruptions import corrupt, derive_seed
 from mmrobust.corruptions.generate import MANIFEST, read_image
 from mmrobust.utils.errors import ConfigError
 
-from conftest import REPO, assert_user_error, run_tool, run_tool_in_process
+from helpers import REPO, assert_user_error, run_tool, run_tool_in_process
 
 CELLS = ['--corruptions', 'gaussian_noise', 'glass_blur', 'zoom_blur', '--severities', '2', '5']
 

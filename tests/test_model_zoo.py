@@ -27,7 +27,7 @@ from mmrobust.apis.model_zoo import (
     update_readme,
 )
 
-from conftest import ALL_CONFIGS, REPO, run_tool_in_process
+from helpers import ALL_CONFIGS, REPO, run_tool_in_process
 
 ZOO_FOLDERS = ('fan', 'drvit', 'efficientdet', 'yolo', 'tokenizers')
 ENTRIES = load_zoo(str(REPO))

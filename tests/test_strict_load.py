@@ -15,7 +15,7 @@ from mmrobust.engine import StrictLoadHook
 from mmrobust.models.checkpoint import CheckpointMismatchError
 from mmrobust.utils import safe_load
 
-from conftest import REPO, assert_user_error, run_cmd
+from helpers import REPO, assert_user_error, run_cmd
 
 FAN_T_CFG = 'configs/toy/mask-rcnn_fan-t-hybrid_fpn_toy-coco.py'
 AS_FAN_S = 'model.backbone.arch=small'  # the same config, the next variant up
@@ -169,7 +169,7 @@ def _runner(work_dir, width: int = 4, iters: int = 2, ema_priority='NORMAL', **k
 def one_process_group(monkeypatch):
     import torch.distributed as dist
 
-    from conftest import free_port
+    from helpers import free_port
     for key, value in (('RANK', '0'), ('LOCAL_RANK', '0'), ('WORLD_SIZE', '1')):
         monkeypatch.setenv(key, value)
     dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{free_port()}', rank=0,

@@ -9,7 +9,7 @@ import torch
 from mmrobust.analysis import load_tokenizer, read_rgb, token_view
 from mmrobust.models.tokenizers import VQGAN, quantize_images
 
-from conftest import REPO, run_tool
+from helpers import REPO, run_tool
 
 ARCH = dict(ch=32, ch_mult=(1, 2, 2, 2, 2), num_res_blocks=1, attn_resolutions=(),
             resolution=256, z_channels=256, embed_dim=256, n_embed=64)

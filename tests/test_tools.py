@@ -10,7 +10,7 @@ import pytest
 
 from mmrobust.utils import safe_load
 
-from conftest import REPO, assert_user_error, free_port, run_cmd, run_tool
+from helpers import REPO, assert_user_error, free_port, run_cmd, run_tool
 
 DET_CFG = 'configs/toy/mask-rcnn_r18_fpn_toy-coco.py'
 SEG_CFG = 'configs/toy/segformer_mit-b0_toy-cityscapes.py'

@@ -16,7 +16,7 @@ from mmrobust.models.checkpoint import loadable_state
 from mmrobust.models.tokenizers import VQGAN, VQTokenizerTrainer
 from mmrobust.models.tokenizers.trainer import ema_update
 
-from conftest import (
+from helpers import (
     REPO,
     TOKENIZER_CONFIGS,
     assert_user_error,
@@ -27,7 +27,7 @@ from conftest import (
     run_tool,
     run_tool_in_process,
 )
-from cpu_sync_bn import convert_to_cpu_sync_bn
+from helpers.cpu_sync_bn import convert_to_cpu_sync_bn
 
 CONFIG = 'configs/tokenizers/vq-small-f16_toy-coco.py'
 # a small, fast version of the toy recipe: 32 codes, 32-px crops, 4 held-out images

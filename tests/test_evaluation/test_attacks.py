@@ -21,7 +21,7 @@ from mmrobust.evaluation.attacks import (
 )
 from mmrobust.models.data_preprocessors import PixelSpace, valid_mask
 
-from conftest import REPO
+from helpers import REPO
 
 SEG = 'configs/toy/segformer_mit-b0_toy-cityscapes.py'
 DET = 'configs/toy/mask-rcnn_r18_fpn_toy-coco.py'
@@ -350,7 +350,7 @@ def test_test_data_without_ground_truth_says_which_step_to_add(toy_data):
 
 
 def test_cost_benchmark_prints_the_ratio_to_a_clean_cell(toy_data, in_repo):
-    from conftest import run_tool
+    from helpers import run_tool
     proc = run_tool('analysis_tools/benchmark_attacks.py', '--images', '1', '--rounds', '1',
                     '--steps', '1')
     assert '| clean |' in proc.stdout and '| pgd_linf (1 step) |' in proc.stdout

@@ -21,7 +21,8 @@ from mmrobust.evaluation.background import (
 )
 from mmrobust.utils.io import TMP_MARK
 
-from conftest import REPO, descendants, run_tool
+from helpers import REPO, run_tool
+from helpers.harness import descendants
 
 CELLS = ['--corruptions', 'snow', '--severities', '2']
 

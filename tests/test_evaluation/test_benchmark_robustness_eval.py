@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import run_tool
+from helpers import run_tool
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_ranks
+from helpers import REPO, run_ranks
 
 SEG_CFG = 'configs/toy/segformer_mit-b0_toy-cityscapes.py'
 

@@ -24,7 +24,7 @@ def _lock_outcome(rank: int, world: int, target: str, wait: bool) -> tuple:
 def _two_ranks(target: str, wait: bool, timeout_s: float, limit: float = 60.0) -> dict:
     """``{rank: (outcome, seconds)}`` of 2 ranks whose collectives time out after
     ``timeout_s``, launched by the suite's launcher (a rank that crashes fails the test)."""
-    from conftest import run_ranks
+    from helpers import run_ranks
     return dict(enumerate(run_ranks(_lock_outcome, target, wait, limit=limit,
                                     group_timeout_s=timeout_s)))
 
@@ -190,7 +190,7 @@ def test_test_tool_loads_a_checkpoint_without_batchnorm_counters(toy_data, tmp_p
     import torch
     from test_robustness import NO_WORKERS, SEG_CFG, _init_checkpoint
 
-    from conftest import run_tool
+    from helpers import run_tool
     ckpt = _init_checkpoint(SEG_CFG, tmp_path / 'seg.pth')
     checkpoint = torch.load(ckpt, weights_only=True)
     dropped = [k for k in checkpoint['state_dict'] if k.endswith('num_batches_tracked')]

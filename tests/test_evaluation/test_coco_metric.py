@@ -23,7 +23,7 @@ from mmrobust.evaluation.coco_metric import (
     coco_backend,
 )
 
-from conftest import run_tool
+from helpers import run_tool
 
 FAST = ('faster-coco-eval', 'mmdet-mp')
 
@@ -245,7 +245,7 @@ def test_test_tool_honours_a_configured_backend(tmp_path):
 
     from mmrobust.apis import apply_test_args
 
-    from conftest import REPO
+    from helpers import REPO
     config = str(REPO / 'configs/toy/mask-rcnn_r18_fpn_toy-coco.py')
     ckpt = tmp_path / 'x.pth'
     ckpt.write_bytes(b'')

@@ -6,7 +6,7 @@ from typing import Dict, List, Tuple
 import pytest
 from mmengine.config import Config
 
-from conftest import DEMO_DET_CFG, REPO, run_tool
+from helpers import DEMO_DET_CFG, REPO, run_tool
 
 CELLS = [('clean', 0), ('gaussian_noise', 2), ('contrast', 5), ('jpeg_compression', 1)]
 

@@ -12,7 +12,7 @@ from mmdet.registry import MODELS
 from mmengine.config import Config
 from mmengine.structures import InstanceData
 
-from conftest import DEMO_DET_CFG, REPO
+from helpers import DEMO_DET_CFG, REPO
 
 
 class _Recorder:

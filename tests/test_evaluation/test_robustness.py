@@ -28,7 +28,7 @@ from mmrobust.evaluation import (
 )
 from mmrobust.evaluation.report import load_results, summarize, summary_markdown
 
-from conftest import (
+from helpers import (
     DEMO_DET_CFG,
     REPO,
     assert_user_error,

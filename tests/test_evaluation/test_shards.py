@@ -18,7 +18,7 @@ from mmrobust.evaluation.results import (
     shard_cells,
 )
 
-from conftest import REPO, run_tool
+from helpers import REPO, run_tool
 
 
 def test_shards_are_disjoint_balanced_and_cover_the_protocol():

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from conftest import REPO, assert_user_error, run_tool, run_tool_in_process
+from helpers import REPO, assert_user_error, run_tool, run_tool_in_process
 
 SEG_CFG = 'configs/toy/segformer_mit-b0_toy-cityscapes.py'
 TOY_ROOTS = {'acdc': 'toy_acdc', 'foggy_cityscapes': 'toy_foggy_cityscapes',

@@ -19,7 +19,7 @@ from mmrobust.corruptions.stored import (
     stored_settings,
 )
 
-from conftest import DEMO_DET_CFG, REPO, assert_user_error, run_tool, run_tool_in_process
+from helpers import DEMO_DET_CFG, REPO, assert_user_error, run_tool, run_tool_in_process
 
 
 def _manifest(root: Path, **changes) -> None:

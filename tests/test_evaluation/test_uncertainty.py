@@ -48,7 +48,7 @@ from mmrobust.evaluation.uncertainty import (
     seed_statistics,
 )
 
-from conftest import REPO
+from helpers import REPO
 
 ITEMS = ('mAP', 'mAP_50', 'mAP_75', 'mAP_s', 'mAP_m', 'mAP_l')
 

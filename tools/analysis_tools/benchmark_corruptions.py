@@ -10,7 +10,7 @@ generation parallelises over worker processes instead. The two engines alternate
 repetitions of ratios measured seconds apart (this machine kind is noisy). The targets of the
 corruption-engine issue are checked at the end: the whole 15x5 suite >= 20x faster, glass_blur
 >= 100x, zoom_blur >= 5x; a 2048x1024 image through the Cityscapes-C protocol is timed too.
-The reference runs through the scikit-image shim in ``tests/reference_corruptions.py``.
+The reference runs through the scikit-image shim in ``tests/helpers/reference_corruptions.py``.
 """
 import os
 
@@ -80,7 +80,7 @@ def main() -> None:
     reference = None
     if not args.skip_reference:
         sys.path.insert(0, str(REPO / 'tests'))
-        from reference_corruptions import reference_corrupt
+        from helpers.reference_corruptions import reference_corrupt
         reference = reference_corrupt
         reference(img, protocol.corruptions[0], 1, 0)
 

@@ -1,0 +1,84 @@
+"""Running the command-line tools from the tests: in a subprocess (with the output shown on a
+failure and a safety-net time limit) or in the test's own process, and what a user error looks
+like."""
+import contextlib
+import io
+import os
+import runpy
+import subprocess
+import sys
+from typing import Dict, Optional, Tuple
+from unittest import mock
+
+import pytest
+
+from .paths import REPO
+
+
+def run_cmd(args, timeout: float = 600, env: Optional[Dict[str, str]] = None,
+            check: bool = True) -> subprocess.CompletedProcess:
+    """Run a command from the repository root; on failure show its output.
+
+    ``timeout`` is a safety net (default: 10x or more what the tools' test runs take here);
+    running past it fails the test with TIMEOUT, never with an assertion about results.
+    """
+    # NOTE: the 2-process launchers get one thread per process (torchrun's own default): two
+    # processes of two threads each on two cores made the distributed tests ~2x slower
+    multi = any(str(a).endswith(('dist_train.sh', 'dist_test.sh')) for a in args)
+    threads = '1' if multi else os.environ.get('OMP_NUM_THREADS', '2')
+    full_env = {**os.environ, 'PYTHONPATH': str(REPO), 'PYTHON': sys.executable,
+                'OMP_NUM_THREADS': threads, **(env or {})}
+    try:
+        proc = subprocess.run([str(a) for a in args], cwd=REPO, env=full_env, timeout=timeout,
+                              capture_output=True, text=True)
+    except subprocess.TimeoutExpired as err:
+        # NOTE: a safety net, not a speed test: say so, so that nobody reads it as a wrong result
+        def tail(x):
+            return (x.decode(errors='replace') if isinstance(x, bytes) else x or '')[-4000:]
+        pytest.fail(f'TIMEOUT (not a wrong result): {" ".join(map(str, args))} was still running '
+                    f'after {timeout:.0f} s, the safety limit for this command; the machine is '
+                    f'probably overloaded or much slower than the ones the limit was sized for.\n'
+                    f'--- stdout so far ---\n{tail(err.stdout)}\n--- stderr so far ---\n'
+                    f'{tail(err.stderr)}')
+    if check and proc.returncode != 0:
+        pytest.fail(f'command failed ({proc.returncode}): {" ".join(map(str, args))}\n'
+                    f'--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}')
+    return proc
+
+
+def run_tool(tool: str, *args, **kwargs) -> subprocess.CompletedProcess:
+    """``tools/TOOL ARGS`` with this interpreter, through :func:`run_cmd` (same keywords)."""
+    return run_cmd([sys.executable, REPO / 'tools' / tool, *args], **kwargs)
+
+
+def run_tool_in_process(tool: str, *args) -> Tuple[int, str, str]:
+    """tools/TOOL run in this process as its own ``__main__`` (a subprocess would spend seconds
+    importing mmdet; the tools' start-up is tested in test_tools.py), without MMROBUST_DEBUG:
+    (exit status, stdout, stderr). An exception the tool lets through propagates, and what the
+    tool printed before it goes to the real streams (capsys reads it)."""
+    out, err = io.StringIO(), io.StringIO()
+    env = {k: v for k, v in os.environ.items() if k != 'MMROBUST_DEBUG'}
+    try:
+        with mock.patch.object(sys, 'argv', [tool, *map(str, args)]), \
+                mock.patch.dict(os.environ, env, clear=True), \
+                contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                pytest.raises(SystemExit) as exit_:
+            runpy.run_path(str(REPO / 'tools' / tool), run_name='__main__')
+    except BaseException:
+        sys.stdout.write(out.getvalue())
+        sys.stderr.write(err.getvalue())
+        raise
+    return exit_.value.code, out.getvalue(), err.getvalue()
+
+
+def assert_user_error(status: int, stderr: str, code: int, *texts: str) -> str:
+    """A user error as the tools report it (mmrobust.utils.errors.run_tool): exit status
+    ``code``, one ``error:`` line, the message from it on holding each of ``texts`` (a key
+    list may go on over more lines), no traceback. The message is returned."""
+    lines = [line for line in stderr.splitlines() if line.startswith('error: ')]
+    assert status == code, f'exit status {status}, not {code}; stderr:\n{stderr[-3000:]}'
+    assert len(lines) == 1, f'not one error: line in stderr:\n{stderr[-3000:]}'
+    assert 'Traceback' not in stderr, stderr[-3000:]
+    message = stderr[stderr.index(lines[0]):]
+    assert all(t in message for t in texts), f'{texts} not all in {message!r}'
+    return message
