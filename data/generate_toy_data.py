@@ -1,4 +1,4 @@
-"""Write mmrobust's toy datasets (COCO-format and Cityscapes-format) under `data/`.
+"""Write mmrobust's toy datasets (COCO-format and Cityscapes-format) under ``data/``.
 
     python data/generate_toy_data.py                 # both, seed 0, into data/toy_coco, data/toy_cityscapes
     python data/generate_toy_data.py --seed 3 --out /tmp/toy --only toy_coco

@@ -1,6 +1,6 @@
 """Registration into both OpenMMLab scopes.
 
-mmdet and mmseg each have their own child registries (`mmdet::model`, `mmseg::model`, ...) and a
+mmdet and mmseg each have their own child registries (``mmdet::model``, ``mmseg::model``, ...) and a
 lookup never searches a sibling scope, so every mmrobust module is registered in both. Use the
 objects here exactly like mmengine registries::
 

@@ -1,1 +1,2 @@
+"""mmrobust's version."""
 __version__ = '0.1.0'

@@ -1,6 +1,7 @@
-"""Shared fixtures: the toy datasets, the repository root as working folder, the README demo's
-trained detector. The helpers are the package ``helpers`` (``from helpers import run_tool``);
-the harness (time limits, watchdog, no process left behind) is its plugin ``helpers.harness``.
+"""Shared fixtures: the toy datasets, the repository root as working folder, the demo detector.
+
+The helpers are the package ``helpers`` (``from helpers import run_tool``); the harness (time
+limits, watchdog, no process left behind) is its plugin ``helpers.harness``.
 """
 import fcntl
 from pathlib import Path
@@ -8,7 +9,10 @@ from typing import Dict
 
 import pytest
 
-from helpers import DEMO_DET_CFG, REPO, harness, run_tool
+# the helpers' assertions (assert_user_error, ...) report as the tests' own do
+pytest.register_assert_rewrite('helpers')
+
+from helpers import DEMO_DET_CFG, REPO, run_tool  # noqa: E402
 
 pytest_plugins = ('helpers.harness',)
 
@@ -31,19 +35,22 @@ def toy_data() -> Dict[str, Path]:
 
 @pytest.fixture
 def in_repo(monkeypatch) -> Path:
-    """Run the test from the repository root, where configs resolve `data/...`."""
+    """Run the test from the repository root, where configs resolve ``data/...``."""
     monkeypatch.chdir(REPO)
     return REPO
 
 
 @pytest.fixture(scope='session')
 def trained_toy_detector(toy_data, tmp_path_factory) -> Path:
-    """The README demo's run: the toy FAN-T-Hybrid Mask R-CNN trained 300 iterations from
-    scratch (~4 min, once).
+    """The README demo's run: the toy FAN-T-Hybrid Mask R-CNN trained 300 iterations from scratch.
+
+    ~4 min, once.
 
     Returns its work dir (``iter_300.pth``, logs). Shared by the demo-learns test and the
     robustness-evaluation tests, which need a model that actually detects something.
     """
+    from helpers import harness  # NOTE: here, not above: the plugin is imported by pytest first
+
     # whatever happens next, the next user does not train
     harness.STARTED.add('trained_toy_detector')
     work = tmp_path_factory.mktemp('demo') / 'learn'
@@ -56,8 +63,10 @@ def trained_toy_detector(toy_data, tmp_path_factory) -> Path:
 
 
 def pytest_itemcollected(item) -> None:
-    """A test that needs the trained demo detector is an end-to-end test: the `slow` tier; its
-    tests run in one pytest-xdist worker (`--dist loadgroup`), which trains the detector once."""
+    """A test that needs the trained demo detector is an end-to-end test: the ``slow`` tier.
+
+    Its tests run in one pytest-xdist worker (``--dist loadgroup``), which trains the detector once.
+    """
     # NOTE: here rather than in pytest_collection_modifyitems, where pytest-xdist may read the
     # group before this conftest adds it
     if 'trained_toy_detector' in getattr(item, 'fixturenames', ()):

@@ -1,6 +1,8 @@
-"""The adversarial step shared by DAT and the attack cells (mmrobust.models.adversarial): the
-random starts' laws, the non-finite guard, the input gradient. (DAT and the attacks taking the
-same step: tests/test_evaluation/test_attacks.py.)"""
+"""The adversarial step shared by DAT and the attack cells (mmrobust.models.adversarial).
+
+The random starts' laws, the non-finite guard, the input gradient. (DAT and the attacks taking the
+same step: tests/test_evaluation/test_attacks.py.)
+"""
 import math
 
 import pytest
@@ -18,8 +20,10 @@ def _ks_uniform(values: torch.Tensor) -> float:
 
 
 def test_the_l2_random_start_is_uniform_in_the_ball_over_the_valid_area():
-    """Uniform in a d-ball: the direction over the valid values alone and (r / ε)^d ~ U(0, 1)
-    (before: the radius was U(0, ε) and the direction normalised over the padded tensor)."""
+    """Uniform in a d-ball: the direction over the valid values alone and (r / ε)^d ~ U(0, 1).
+
+    Before: the radius was U(0, ε) and the direction normalised over the padded tensor.
+    """
     mask = torch.zeros(1, 4, 5, dtype=torch.bool)
     mask[:, :3, :3] = True  # d = 3 channels x 9 valid pixels
     d, eps, draws = 27, 0.5, 2000

@@ -17,7 +17,7 @@ from helpers import run_tool
 
 
 class _Evil:
-    """Unpickling this runs a shell command that creates `marker`."""
+    """Unpickling this runs a shell command that creates ``marker``."""
 
     def __init__(self, marker):
         self.marker = marker

@@ -55,7 +55,7 @@ def test_there_are_toy_configs_for_both_tasks():
 
 
 def _weight_paths(node) -> list:
-    """Every pretrained file a config's model, hooks and `load_from` name."""
+    """Every pretrained file a config's model, hooks and ``load_from`` name."""
     if isinstance(node, dict):
         return [p for k, v in node.items() for p in (
             [v] if k in ('checkpoint', 'load_from', 'pretrained') and isinstance(v, str)

@@ -1,6 +1,7 @@
-"""Converters from the weights users have to the checkpoints the configs load
-(tools/model_converters/convert_backbone.py, mmrobust/apis/convert.py), and the checkpoint
-filters behind them.
+"""Converters from the weights users have to the checkpoints the configs load.
+
+tools/model_converters/convert_backbone.py, mmrobust/apis/convert.py. And the checkpoint filters
+behind them.
 
 The upstream key layouts are files under tests/data/: timm's ``tf_efficientnet_lite0`` state dict
 (names, shapes, dtypes dumped from timm 1.0.31) and the TensorFlow variables of the official
@@ -35,8 +36,10 @@ def _timm_state(seed: int = 0):
 
 
 def _tf_from_timm(state):
-    """The TF release's variables holding the same weights as a timm state dict: the mapping of
-    configs/efficientdet/README.md, written out independently of the converter."""
+    """The TF release's variables holding the same weights as a timm state dict.
+
+    The mapping of configs/efficientdet/README.md, written out independently of the converter.
+    """
     out = {}
     blocks = sorted({tuple(map(int, m.groups())) for k in state
                      if (m := re.match(r'blocks\.(\d+)\.(\d+)\.', k))})
@@ -103,9 +106,11 @@ def _keras_from_tf(tf, timm):
 
 
 def _trained_like_state(seed: int = 0):
-    """A timm state dict whose forward stays finite through 16 blocks: He-scaled convolutions
-    and BN statistics of a trained model's order (variances ~1e-3..1e-1, where TF's BN epsilon
-    of 1e-3 differs visibly from torch's 1e-5)."""
+    """A timm state dict whose forward stays finite through 16 blocks.
+
+    He-scaled convolutions and BN statistics of a trained model's order (variances ~1e-3..1e-1,
+    where TF's BN epsilon of 1e-3 differs visibly from torch's 1e-5).
+    """
     g = torch.Generator().manual_seed(seed)
     state = {}
     for k, shape, dtype in _layout('timm_tf_efficientnet_lite0'):
@@ -146,8 +151,11 @@ def _tf_bn(x, state, prefix):
 
 
 def _reference_forward(state, x):
-    """timm's tf_efficientnet_lite0 in inference, written from its definition (not from the
-    model under test): the output of every stage and of the head conv."""
+    """timm's tf_efficientnet_lite0 in inference.
+
+    Written from its definition (not from the model under test): the output of every stage and of
+    the head conv.
+    """
     act = torch.nn.functional.relu6
     x = act(_tf_bn(_tf_same_conv(x, state['conv_stem.weight'], 2), state, 'bn1.'))
     feats = []
@@ -174,8 +182,11 @@ def _reference_forward(state, x):
 
 @pytest.mark.parametrize('size', [(97, 131), (320, 320)], ids=['odd', 'lite0'])
 def test_efficientnet_lite_converted_from_timm_computes_what_timm_computes(size):
-    """Equal outputs on a random input: TF 'SAME' padding (asymmetric at stride 2) and TF's
-    BN epsilon are the model's, so the converted weights mean what they meant in timm."""
+    """Equal outputs on a random input.
+
+    TF 'SAME' padding (asymmetric at stride 2) and TF's BN epsilon are the model's, so the converted
+    weights mean what they meant in timm.
+    """
     state = _trained_like_state()
     model = EfficientNetLite(out_indices=(2, 3, 4, 5, 6))
     model.eval()  # NOTE: mmdet's EfficientNet.train() returns None, so no chaining
@@ -271,8 +282,11 @@ def test_efficientnet_lite_loads_an_efficientdet_checkpoint_and_its_own_layout(t
 
 @pytest.mark.slow
 def test_converter_cli_and_efficientdet_lite0_trains_from_its_output(tmp_path, toy_data):
-    """timm weights -> convert_backbone.py -> the toy EfficientDet-Lite0 trains from them with
-    the backbone loaded strictly (the log says so); a wrong family is refused with the keys."""
+    """Timm weights -> convert_backbone.py -> a toy EfficientDet-Lite0 that trains.
+
+    timm weights -> convert_backbone.py -> the toy EfficientDet-Lite0 trains from them with the
+    backbone loaded strictly (the log says so); a wrong family is refused with the keys.
+    """
     src, dst = tmp_path / 'tf_efficientnet_lite0.pth', tmp_path / 'efficientnet-lite0_in1k.pth'
     timm = _timm_state()
     torch.save(timm, src)
@@ -303,8 +317,11 @@ def test_converter_cli_and_efficientdet_lite0_trains_from_its_output(tmp_path, t
 
 
 def test_mmdet_resnet_checkpoints_load_unchanged(tmp_path):
-    """An mmdet model-zoo checkpoint (here of mmdet's own R50 Mask R-CNN config) loads into
-    mmrobust's tools as it is, strictly; one with a key less is refused."""
+    """An mmdet model-zoo checkpoint loads into mmrobust's tools as it is.
+
+    An mmdet model-zoo checkpoint (here of mmdet's own R50 Mask R-CNN config) loads into mmrobust's
+    tools as it is, strictly; one with a key less is refused.
+    """
     import mmdet
     from mmengine.config import Config
 
@@ -343,8 +360,11 @@ def test_other_converters_report_what_they_drop():
 @pytest.mark.parametrize('config', ['efficientdet/efficientdet-d0_8xb16-300e_coco.py',
                                     'yolo/yolov3_d53_8xb8-320-273e_coco.py'])
 def test_mmdet_backbones_load_released_layouts_strictly(config, tmp_path):
-    """EfficientDet-D0's mmpretrain EfficientNet-B0 and YOLOv3's mmdet Darknet-53: the files
-    load as they are (StrictPretrained), and a file with a key less is refused, not warned on."""
+    """EfficientDet-D0's mmpretrain EfficientNet-B0 and YOLOv3's mmdet Darknet-53.
+
+    The files load as they are (StrictPretrained), and a file with a key less is refused, not warned
+    on.
+    """
     from mmengine.config import Config
     from mmengine.registry import MODELS, init_default_scope
     cfg = Config.fromfile(REPO / 'configs' / config)

@@ -50,8 +50,11 @@ def diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize('severity', (1, 2, 3, 4, 5))
 @pytest.mark.parametrize('name', EXACT)
 def test_matches_reference(name, severity):
-    """seed=k reproduces imagecorruptions after np.random.seed(k): bit for bit, or at most one
-    grey level on <= 0.1% of the values where floating-point order differs."""
+    """seed=k reproduces imagecorruptions after np.random.seed(k).
+
+    Bit for bit, or at most one grey level on <= 0.1% of the values where floating-point order
+    differs.
+    """
     for i, photo_name in enumerate(PHOTOS):
         img = photo(photo_name, name)
         seed = 1000 * severity + i
@@ -74,8 +77,10 @@ def test_matches_reference_within_tolerance(name, severity):
 
 @pytest.mark.parametrize('severity', (1, 3, 5))
 def test_impulse_noise_distribution(severity):
-    """Each value becomes 0 or 255 with probability amount/2 each, like the reference; the
-    others keep the reference's arithmetic."""
+    """Each value becomes 0 or 255 with probability amount/2 each, like the reference.
+
+    The others keep the reference's arithmetic.
+    """
     amount = [.03, .06, .09, 0.17, 0.27][severity - 1]
     img = np.full((192, 256, 3), 128, np.uint8)
     ours = corrupt(img, 'impulse_noise', severity, seed=7)

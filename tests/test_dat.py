@@ -216,8 +216,10 @@ def test_prob_start_iter_and_seeded_choices(toy_data):
 
 
 def test_random_start_as_the_reference_draws_it(toy_data):
-    """One coin per attacked batch with probability 0.8; x0 = clamp(x̂ + ε n/‖n‖) on the
-    ε-sphere; the step's total change from x̂ capped at ε."""
+    """One coin per attacked batch with probability 0.8; x0 = clamp(x̂ + ε n/‖n‖) on the ε-sphere.
+
+    The step's total change from x̂ capped at ε.
+    """
     hook = DATHook(tokenizer=ScalarQuantizer(), alpha=0.5, eps=0.3, random_start=True,
                    random_start_prob=0.8, requantize='input', seed=3)
     coins = [hook.takes_random_start(i) for i in range(2000)]
@@ -251,8 +253,10 @@ class QuadraticLoss(nn.Module):
 
 
 def test_random_start_step_is_start_plus_the_gradient_step_at_x0():
-    """δ = (x0 − x̂) + α g(x0)/‖g(x0)‖ exactly, with a cap that does not bind (‖δ‖ < ε): the
-    gradient is taken at the random start x0, not at x̂, and the start is part of δ."""
+    """δ = (x0 − x̂) + α g(x0)/‖g(x0)‖ exactly, with a cap that does not bind (‖δ‖ < ε).
+
+    The gradient is taken at the random start x0, not at x̂, and the start is part of δ.
+    """
     levels = 2 ** 20  # NOTE: a near-transparent quantiser: x_adv − x̂ is δ to 1e-6
     alpha, eps, it = 0.2, 0.5, 7
     hook = DATHook(tokenizer=ScalarQuantizer(levels), alpha=alpha, eps=eps, random_start=True,
@@ -283,8 +287,10 @@ def test_random_start_step_is_start_plus_the_gradient_step_at_x0():
 
 
 def test_pixel_rms_budget_is_the_same_at_every_size():
-    """budget='pixel_rms': alpha is the RMS change per valid pixel, whatever the size and the
-    padding; at 224² it is the image budget divided by sqrt(3·224²)."""
+    """budget='pixel_rms': alpha is the RMS change per valid pixel.
+
+    Whatever the size and the padding; at 224² it is the image budget divided by sqrt(3·224²).
+    """
     torch.manual_seed(0)
     rms = DATHook(tokenizer=ScalarQuantizer(), alpha=1e-3, eps=1.0, budget='pixel_rms')
     for h, w, valid_w in ((224, 224, 224), (800, 1333, 1000)):
@@ -342,8 +348,10 @@ class PooledBNNet(nn.Module):
 
 
 def _attack_gradients(rank: int, world: int, x: torch.Tensor) -> dict:
-    """One rank: the DAT attack pass's input gradient for its share of ``x`` (SyncBN layers),
-    and with one image per rank."""
+    """One rank: the DAT attack pass's input gradient for its share of ``x`` (SyncBN layers).
+
+    And with one image per rank.
+    """
     hook = DATHook(tokenizer=ScalarQuantizer())
     model = PooledBNNet(SyncBatchNorm).train()
     hook._model = model
@@ -356,10 +364,12 @@ def _attack_gradients(rank: int, world: int, x: torch.Tensor) -> dict:
 
 
 def test_attack_pass_keeps_syncbn_synchronised():
-    """With 2 processes the attack pass differentiates what DDP + SyncBN train: each rank's input
-    gradient is that of the summed loss over all ranks with statistics over the whole batch (a
-    1-process run on the whole batch); one image per rank through a global pool and BN works,
-    as it does in training; the running statistics are restored."""
+    """With 2 processes the attack pass differentiates what DDP + SyncBN train.
+
+    Each rank's input gradient is that of the summed loss over all ranks with statistics over the
+    whole batch (a 1-process run on the whole batch); one image per rank through a global pool and
+    BN works, as it does in training; the running statistics are restored.
+    """
     torch.manual_seed(1)
     x = torch.rand(4, 3, 8, 8)
     ranks = run_ranks(_attack_gradients, x)
@@ -486,8 +496,10 @@ def test_dat_with_two_processes(toy_data, tmp_path):
 
 
 def test_the_dat_base_config_is_the_reference_code():
-    """configs/_base_/dat/dat.py holds the reference implementation's choices (the spec's
-    "Reference details"), and they build."""
+    """configs/_base_/dat/dat.py holds the reference implementation's choices.
+
+    The spec's "Reference details". And they build.
+    """
     hook = Config.fromfile(str(REPO / 'configs/_base_/dat/dat.py')).dat_hook
     reference = dict(alpha=0.1, eps=0.1, budget='image', norm='l2', random_start=True,
                      random_start_prob=0.8, mode='append', requantize='reconstruction')

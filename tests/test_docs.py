@@ -1,7 +1,11 @@
-"""The documentation works: every `python tools/...` and `bash tools/...` command in README.md,
-docs/ and the other READMEs names a tool that exists and only options its --help lists (nothing
-runs for real: each tool's --help runs in this process), and every relative link and image
-resolves, anchors included."""
+"""Every documented command names a real tool and only options its --help lists.
+
+The documentation works: every ``python tools/...`` and ``bash tools/...`` command in README.md,
+docs/ and the other READMEs names a tool that exists and only options its --help lists (nothing runs
+for real: each tool's --help runs in this process), and every relative link and image resolves,
+anchors included.
+"""
+import ast
 import functools
 import re
 import shlex
@@ -22,8 +26,11 @@ LINK = re.compile(r'!?\[[^\]]*\]\(([^)\s]+)\)|<img [^>]*src="([^"]+)"')
 
 
 def _logical_lines(text: str) -> List[str]:
-    """The page's lines with backslash continuations joined, and each inline code span of a
-    prose line on its own (a command in a table or a sentence ends at its backtick)."""
+    """The page's lines with backslash continuations joined.
+
+    And each inline code span of a prose line on its own (a command in a table or a sentence ends at
+    its backtick).
+    """
     joined, out, fenced = text.replace('\\\n', ' ').split('\n'), [], False
     for line in joined:
         if line.lstrip().startswith('```'):
@@ -34,8 +41,11 @@ def _logical_lines(text: str) -> List[str]:
 
 
 def commands(page: Path) -> List[Tuple[str, List[str], str]]:
-    """(tool path, its arguments, the Python tool whose --help lists them or '' for a shell
-    script's own) for every command of the page."""
+    """Every command of the page with the tool whose --help lists its arguments.
+
+    (tool path, its arguments, the Python tool whose --help lists them or '' for a shell script's
+    own) for every command of the page.
+    """
     found = []
     for line in _logical_lines(page.read_text()):
         for m in COMMAND.finditer(line):
@@ -158,9 +168,12 @@ def test_the_front_page_is_short_and_links_every_page():
 
 
 def test_the_sources_of_the_protocols_and_counts_are_named():
-    """Cityscapes-C's origin (Kamann & Rother) and the robustness analyses the analysis tools
-    follow (Paul & Chen) are cited; FAN's parameter counts are called the released code's,
-    not the paper's; the guide says which protocol each published table used."""
+    """The guide cites its sources and says which protocol each table used.
+
+    Cityscapes-C's origin (Kamann & Rother) and the robustness analyses the analysis tools follow
+    (Paul & Chen) are cited; FAN's parameter counts are called the released code's, not the paper's;
+    the guide says which protocol each published table used.
+    """
     readme = (REPO / 'README.md').read_text()
     assert '@article{kamann2021benchmarking' in readme and 'Kamann, Christoph' in readme
     assert '@inproceedings{paul2022vision' in readme and 'Vision Transformers are Robust' in readme
@@ -170,3 +183,29 @@ def test_the_sources_of_the_protocols_and_counts_are_named():
     section = guide[guide.index('## Comparing with published numbers'):]
     for protocol in ('`benchmark`', '`fan_coco_c`', '`fan_city_c`', '`cityscapes_c`'):
         assert protocol in section.split('\n\n', 3)[2], protocol
+
+
+# inline code in a docstring is RST's literal (double backticks); a single backtick pair is RST's
+# "interpreted text" (a role such as :func:`x` takes one pair, and is what the lookbehind allows)
+SINGLE_BACKTICKS = re.compile(r'(?<![`:\w\\])`(?!`)[^`\n]+`(?![`_\w])')
+
+
+def single_backtick_spans(source: str) -> List[Tuple[int, str]]:
+    """``(line, span)`` of every single-backtick span in the docstrings of ``source``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False) or ''
+            found += [(node.body[0].lineno, m.group(0)) for m in SINGLE_BACKTICKS.finditer(doc)]
+    return found
+
+
+def test_docstrings_mark_code_with_double_backticks():
+    """One backtick style (CONTRIBUTING.md): ``code`` in every docstring of the project."""
+    files = [p for d in ('mmrobust', 'tools', 'tests') for p in sorted((REPO / d).rglob('*.py'))]
+    offenders = [f'{p.relative_to(REPO)}:{line}: {span}' for p in files
+                 for line, span in single_backtick_spans(p.read_text())]
+    assert not offenders, 'single backticks (write ``code``):\n' + '\n'.join(offenders)
+    # the check itself: a single pair is caught, a double pair and a role are not
+    sample = 'def f():\n    """Takes `x`, returns ``y`` via :func:`g`."""\n'
+    assert single_backtick_spans(sample) == [(2, '`x`')]

@@ -1,6 +1,8 @@
-"""A user's mistake reads as a message, not as a crash: mmrobust.utils.errors.run_tool, the
-entry point of every tool, prints a user error as one ``error:`` line and exits 2 (usage) or 1
-(refused input); a bug keeps its traceback; ``--debug`` / MMROBUST_DEBUG show it for both.
+"""A user's mistake reads as a message, not as a crash.
+
+mmrobust.utils.errors.run_tool, the entry point of every tool, prints a user error as one ``error:``
+line and exits 2 (usage) or 1 (refused input); a bug keeps its traceback; ``--debug`` /
+MMROBUST_DEBUG show it for both.
 
 Each tool's own cases run in-process here (the tool's module as ``__main__``: no start-up per
 case); test_strict_load (a checkpoint of another architecture, four tools), test_robustness (a
@@ -78,8 +80,10 @@ def test_the_builtin_types_are_kept():
 
 
 def test_a_bug_keeps_its_traceback(capsys, monkeypatch):
-    """Anything that is not a user error propagates (Python prints its traceback), even a
-    builtin type the user errors derive from."""
+    """Anything that is not a user error propagates (Python prints its traceback).
+
+    Even a builtin type the user errors derive from.
+    """
     monkeypatch.delenv('MMROBUST_DEBUG', raising=False)
     for bug in (ZeroDivisionError('division by zero'), ValueError('bad'), KeyError('k')):
         with pytest.raises(type(bug)):
@@ -114,8 +118,11 @@ def test_only_rank_0_prints_every_rank_exits_alike(capsys, monkeypatch):
 
 
 def test_a_user_error_behind_a_wrapper_or_a_worker(capsys, monkeypatch):
-    """Raised `from` a user error, or re-raised by a DataLoader worker (whose message carries
-    the worker's traceback): the message is the user error's own."""
+    """Raised ``from`` a user error.
+
+    Or re-raised by a DataLoader worker (whose message carries the worker's traceback): the message
+    is the user error's own.
+    """
     from torch._utils import ExceptionWrapper
     monkeypatch.delenv('MMROBUST_DEBUG', raising=False)
 
@@ -161,8 +168,10 @@ def test_the_issue_cases_through_their_tools(toy_data, tmp_path):
 
 
 def test_an_internal_error_keeps_its_traceback(toy_data, tmp_path, capsys, monkeypatch):
-    """A fault injected into a corruption is a bug, not the user's: it propagates (the
-    traceback), no error: line."""
+    """A fault injected into a corruption is a bug, not the user's.
+
+    It propagates (the traceback), no error: line.
+    """
     import mmrobust.corruptions.generate as generate
 
     def faulty(*args, **kwargs):
@@ -178,8 +187,10 @@ def test_an_internal_error_keeps_its_traceback(toy_data, tmp_path, capsys, monke
 
 
 def test_a_real_process_shows_the_traceback_with_debug(tmp_path):
-    """The installed entry point (`python -m mmrobust.corruptions`), as a user runs it, with
-    --debug (test_make_corrupted runs tools/make_corrupted.py without it: no traceback)."""
+    """The installed entry point (``python -m mmrobust.corruptions``), as a user runs it.
+
+    With --debug (test_make_corrupted runs tools/make_corrupted.py without it: no traceback).
+    """
     cmd = [sys.executable, '-m', 'mmrobust.corruptions', tmp_path / 'nope', tmp_path / 'o']
     proc = run_cmd([*cmd, '--debug'], check=False, env={'MMROBUST_DEBUG': ''})
     assert proc.returncode == 1 and 'Traceback (most recent call last)' in proc.stderr

@@ -460,8 +460,10 @@ def test_stem_norms_reproduce_the_released_training():
 
 
 def test_mmengine_flop_count_of_a_fan_block_includes_its_attention():
-    """`get_flops.py` (mmengine's FlopAnalyzer) counts the fused attention mmrobust registers:
-    heads x N x N x (q·k and attn·v widths) multiply-adds, mmengine's unit."""
+    """``get_flops.py`` (mmengine's FlopAnalyzer) counts the fused attention mmrobust registers.
+
+    Heads x N x N x (q·k and attn·v widths) multiply-adds, mmengine's unit.
+    """
     from mmengine.analysis import FlopAnalyzer
 
     import mmrobust  # noqa: F401  (registers the handle)

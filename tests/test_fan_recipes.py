@@ -1,7 +1,10 @@
-"""FAN's detection recipe in the Cascade Mask R-CNN configs whose targets are FAN's published
-COCO / COCO-C numbers (NVlabs/FAN detection/configs/cascade_mask_fan_*_fpn_3x_mstrain_fp16.py),
-checked piece by piece so that a later edit cannot drift from it silently; and one of them
-trained for 2 iterations on the toy set (slow tier)."""
+"""FAN's detection recipe in the Cascade Mask R-CNN configs, piece by piece.
+
+FAN's detection recipe in the Cascade Mask R-CNN configs whose targets are FAN's published COCO /
+COCO-C numbers (NVlabs/FAN detection/configs/cascade_mask_fan_*_fpn_3x_mstrain_fp16.py), checked
+piece by piece so that a later edit cannot drift from it silently; and one of them trained for 2
+iterations on the toy set (slow tier).
+"""
 import re
 
 import pytest
@@ -70,8 +73,11 @@ def test_cascade_configs_carry_fans_recipe(variant):
 
 @pytest.mark.slow
 def test_a_cascade_recipe_trains_on_the_toy_set(toy_data, tmp_path, in_repo):
-    """FAN-T's cascade config as it is (its heads, augmentation and optimiser) on two toy
-    images for one epoch: 2 iterations, finite losses; SyncBN runs as BN in one process."""
+    """FAN-T's cascade config as it is trains 2 iterations on the toy set.
+
+    FAN-T's cascade config as it is (its heads, augmentation and optimiser) on two toy images for
+    one epoch: 2 iterations, finite losses; SyncBN runs as BN in one process.
+    """
     work = tmp_path / 'work'
     root = toy_data['toy_coco']
     classes = "('circle','square','triangle','star','hexagon')"

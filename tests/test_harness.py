@@ -1,9 +1,11 @@
-"""The suite's own harness (the plugin tests/helpers/harness.py): a hung test is reported with
-the stacks of every thread within its limit, the limits are the ones set in one place, and a
-test that leaves a process running fails, naming it, and the process is killed.
+"""The suite's own harness (the plugin tests/helpers/harness.py).
+
+A hung test is reported with the stacks of every thread within its limit, the limits are the ones
+set in one place, and a test that leaves a process running fails, naming it, and the process is
+killed.
 
 The misbehaving tests below run only inside a pytest of their own, started by the tests that
-check what the harness makes of them (`MMROBUST_HARNESS_SELFTEST` names the one to run).
+check what the harness makes of them (``MMROBUST_HARNESS_SELFTEST`` names the one to run).
 """
 import os
 import signal
@@ -117,7 +119,7 @@ def test_a_slow_test_gets_the_slow_limit(request):
 
 
 class _Item:
-    """What `time_limit` reads of a test item."""
+    """What ``time_limit`` reads of a test item."""
 
     def __init__(self, fixturenames=(), markers=()):
         self.fixturenames = list(fixturenames)

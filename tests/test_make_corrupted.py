@@ -238,8 +238,11 @@ def test_corrupt_transform_errors():
 
 
 def test_corruption_grid_shows_what_make_corrupted_writes(toy_data, tmp_path):
-    """tools/analysis_tools/corruption_grid.py (in-process): the clean tile, then one per cell,
-    each seeded as make_corrupted.py seeds that file, labelled, in --columns columns."""
+    """tools/analysis_tools/corruption_grid.py (in-process).
+
+    The clean tile, then one per cell, each seeded as make_corrupted.py seeds that file, labelled,
+    in --columns columns.
+    """
     src = sorted((toy_data['toy_coco'] / 'val2017').iterdir())[0]
     out = tmp_path / 'grid.png'
     args = [src, '--out', out, '--corruptions', 'fog', 'snow', '--severities', '1', '5',

@@ -1,5 +1,6 @@
-"""The model zoo: every config folder's metafile.yml and README.md, and
-tools/analysis_tools/model_zoo.py.
+"""The model zoo: every config folder's metafile.yml and README.md.
+
+And tools/analysis_tools/model_zoo.py.
 
 The parameter count of every entry whose config is a model config is checked where the config
 is built anyway (tests/test_configs.py); the tokenizer recipes are built here.
@@ -192,8 +193,11 @@ def test_update_rewrites_one_entry_and_the_readme_table(tmp_path):
 
 
 def _results(config: str, clean: float, corrupted: float, protocol: str, **identity):
-    """A results dict, its images made as the protocol's published table made them unless
-    ``identity`` says otherwise."""
+    """A results dict whose images were made as the published table's.
+
+    A results dict, its images made as the protocol's published table made them unless ``identity``
+    says otherwise.
+    """
     from mmrobust.corruptions import PUBLISHED_SETUPS
     cells = {'clean': {'0': {'coco/bbox_mAP': clean, 'coco/segm_mAP': clean - .05}}}
     for c in ('gaussian_noise', 'fog'):
@@ -283,8 +287,10 @@ def test_tool_prints_and_filters_the_zoo():
 
 
 def test_fans_cityscapes_c_targets_belong_to_fans_own_protocol():
-    """FAN's City-C figures are attached to the protocol of its test_city_c.py (19 corruptions
-    at severities 1-5, its grouping), not to SegFormer's 16-corruption cityscapes_c."""
+    """FAN's City-C figures are attached to the protocol of its test_city_c.py.
+
+    19 corruptions at severities 1-5, its grouping. Not to SegFormer's 16-corruption cityscapes_c.
+    """
     from mmrobust.corruptions import PROTOCOLS, PUBLISHED_SETUPS
     city = [e for e in ENTRIES if any(d == 'Cityscapes-C' for d, _, _ in e.published())]
     assert city and all(e.metadata['Robustness Protocol'] == 'fan_city_c' for e in city)
@@ -296,9 +302,11 @@ def test_fans_cityscapes_c_targets_belong_to_fans_own_protocol():
 
 
 def test_published_numbers_say_how_they_were_measured_and_on_what_backbone():
-    """Every published corruption number names its protocol's colour order and storage (one
-    source: PUBLISHED_SETUPS), COCO numbers say box or mask, and FAN-L's row says that its
-    published model was pre-trained otherwise than the weights its config loads."""
+    """Every published corruption number names its protocol's colour order and storage.
+
+    One source: PUBLISHED_SETUPS. COCO numbers say box or mask, and FAN-L's row says that its
+    published model was pre-trained otherwise than the weights its config loads.
+    """
     from mmrobust.corruptions import PUBLISHED_SETUPS
     for e in (e for e in ENTRIES if e.results):
         assert e.metadata['Pre-training']

@@ -1,5 +1,7 @@
-"""No silent path in corruption writing and in DAT: what used to be recorded wrongly or dropped
-without a word now stops, refuses or is counted."""
+"""No silent path in corruption writing and in DAT.
+
+What used to be recorded wrongly or dropped without a word now stops, refuses or is counted.
+"""
 import errno
 import json
 
@@ -23,8 +25,11 @@ def _source(tmp_path, n: int = 3):
 
 
 def test_a_full_disk_stops_the_run_naming_the_cell_and_image(tmp_path, monkeypatch):
-    """Before: 'No space left on device' was recorded as a failed source per image and the run
-    went on over every image."""
+    """A full disk stops the run instead of failing image after image.
+
+    Before: 'No space left on device' was recorded as a failed source per image and the run went on
+    over every image.
+    """
     from mmrobust.corruptions import generate as module
     src = _source(tmp_path)
     calls = []

@@ -1,5 +1,7 @@
-"""`import mmrobust` registers modules in both scopes; lookup errors name the scope and close
-matches."""
+"""``import mmrobust`` registers modules in both scopes.
+
+Lookup errors name the scope and close matches.
+"""
 import pytest
 import torch.nn as nn
 from mmdet.registry import MODELS as DET_MODELS

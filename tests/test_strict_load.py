@@ -1,4 +1,4 @@
-"""Whole-model checkpoints load strictly: in the Runner (hook), the tools and `init_model`."""
+"""Whole-model checkpoints load strictly: in the Runner (hook), the tools and ``init_model``."""
 import logging
 import sys
 from types import SimpleNamespace
@@ -182,10 +182,12 @@ def one_process_group(monkeypatch):
 
 @pytest.mark.parametrize('ema_priority', ['NORMAL', 49], ids=['ema-normal', 'ema-mmdet'])
 def test_runner_resume_with_ddp_and_ema_loads_strictly(ema_priority, tmp_path, one_process_group):
-    """A checkpoint of a DDP-wrapped model with EMA resumes through the check (the EMA hook
-    swaps its weights back first); another width stops the resume and a `load_from` with the
-    lists, before training starts and before the EMA hook (at mmengine's priority or mmdet's
-    49) meets the mismatch itself."""
+    """A checkpoint of a DDP-wrapped model with EMA resumes through the check.
+
+    The EMA hook swaps its weights back first. Another width stops the resume and a ``load_from``
+    with the lists, before training starts and before the EMA hook (at mmengine's priority or
+    mmdet's 49) meets the mismatch itself.
+    """
     from mmengine.model import MMDistributedDataParallel
     first = _runner(tmp_path / 'a', ema_priority=ema_priority)
     assert isinstance(first.model, MMDistributedDataParallel)

@@ -17,7 +17,7 @@ SEG_CFG = 'configs/toy/segformer_mit-b0_toy-cityscapes.py'
 
 
 def _short(iters: int, ckpt_interval: int = 0, validate: bool = True) -> list:
-    """--cfg-options for a run of `iters` iterations in the test process budget."""
+    """--cfg-options for a run of ``iters`` iterations in the test process budget."""
     val = f'train_cfg.val_interval={iters}' if validate else 'train_cfg.val_begin=1000'
     return ['--cfg-options', f'train_cfg.max_iters={iters}', val,
             f'default_hooks.checkpoint.interval={ckpt_interval or iters}',
@@ -153,8 +153,9 @@ def test_test_tool_rejects_missing_checkpoint(tmp_path):
 
 @pytest.mark.slow
 def test_demo_detector_learns(trained_toy_detector):
-    """The README demo's FAN-T-Hybrid Mask R-CNN reaches a clearly non-trivial AP in its CPU
-    budget, from scratch.
+    """The README demo's FAN-T-Hybrid Mask R-CNN reaches a clearly non-trivial AP in its CPU budget.
+
+    From scratch.
 
     After 30 iterations it scores ~0.01, and so did the whole run while mmcv's RoIAlign read the
     backbone's channels-last maps as NCHW (0.003); the seeded 300-iteration run scores about 0.23
@@ -171,8 +172,11 @@ def test_a_command_past_its_safety_limit_fails_as_a_timeout():
 
 
 def test_tools_run_the_checkout_they_belong_to(tmp_path):
-    """A second clone's tools import the second clone's mmrobust, even with the first one on
-    PYTHONPATH (as an editable install puts it), and say which one at start-up."""
+    """A second clone's tools import the second clone's mmrobust.
+
+    Even with the first one on PYTHONPATH (as an editable install puts it), and say which one at
+    start-up.
+    """
     import shutil
     clone = tmp_path / 'clone'
     for part in ('mmrobust', 'tools'):
@@ -220,9 +224,11 @@ def test_backbone_benchmark_prints_ratios_to_the_baselines():
     ('12.4 1 8.6', '11.8', '', 1, 'nvcc is CUDA 11.8 but torch was built with CUDA 12.4'),
 ], ids=['cpu', 'gpu-no-nvcc', 'gpu', 'gpu-arch-set', 'gpu-nvcc-mismatch'])
 def test_setup_env_cuda_branch(tmp_path, torch_info, nvcc, arch_list, expect_rc, expect):
-    """tools/cuda_env.sh (sourced by setup_env.sh before mmcv's build) with a faked torch and
-    nvcc: CPU machines are untouched; with a GPU it targets the GPU's architecture, or stops
-    before building with what to install."""
+    """tools/cuda_env.sh (sourced by setup_env.sh before mmcv's build) with a faked torch and nvcc.
+
+    CPU machines are untouched; with a GPU it targets the GPU's architecture, or stops before
+    building with what to install.
+    """
     fake_python = tmp_path / 'python'
     fake_python.write_text(f'#!/bin/sh\necho "{torch_info}"\n')
     fake_python.chmod(0o755)
@@ -244,8 +250,11 @@ def test_setup_env_cuda_branch(tmp_path, torch_info, nvcc, arch_list, expect_rc,
 
 
 def test_gpu_check_script_commands_exist():
-    """tools/gpu_check.sh (run by a person on a GPU): every tool and config it calls exists and
-    the DAT step loads the tokenizer the first step trains."""
+    """tools/gpu_check.sh (run by a person on a GPU).
+
+    Every tool and config it calls exists and the DAT step loads the tokenizer the first step
+    trains.
+    """
     proc = run_cmd(['bash', REPO / 'tools' / 'gpu_check.sh', 'work_dirs/x'],
                    env={'DRY_RUN': '1', 'ITERS': '3'})
     commands = [line[2:].split() for line in proc.stdout.splitlines() if line.startswith('+ ')]

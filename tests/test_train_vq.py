@@ -1,5 +1,7 @@
-"""Tokenizer training with mmengine's Runner (VQTokenizerTrainer): tools/train_vq.py and
-tools/train.py, resume, DDP, AMP, and its output loading into VQGAN strictly."""
+"""Tokenizer training with mmengine's Runner (VQTokenizerTrainer).
+
+tools/train_vq.py and tools/train.py, resume, DDP, AMP, and its output loading into VQGAN strictly.
+"""
 import json
 from unittest import mock
 
@@ -55,11 +57,13 @@ def _small_arch() -> dict:
 
 @pytest.mark.slow
 def test_train_vq_runs_resumes_like_an_uninterrupted_run_and_loads(toy_data, tmp_path):
-    """tools/train_vq.py (the README's command) trains through the Runner. 2 iterations and then
-    --resume to 4 give the tokenizer of 4 straight, bit for bit (the autoencoder warm-up's
-    latent bank across the resume, the k-means init and the dead-code restart after it
-    included: they are seeded per iteration). tokenizer.pth and the Runner
-    checkpoints load into VQGAN strictly, and into the DAT hook through init_cfg."""
+    """tools/train_vq.py (the README's command) trains through the Runner.
+
+    2 iterations and then --resume to 4 give the tokenizer of 4 straight, bit for bit (the
+    autoencoder warm-up's latent bank across the resume, the k-means init and the dead-code restart
+    after it included: they are seeded per iteration). tokenizer.pth and the Runner checkpoints load
+    into VQGAN strictly, and into the DAT hook through init_cfg.
+    """
     straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
     proc = run_tool('train_vq.py', CONFIG, '--work-dir', straight, '--cfg-options', *SMALL,
                     *_iters(4))
@@ -97,8 +101,10 @@ def test_train_vq_runs_resumes_like_an_uninterrupted_run_and_loads(toy_data, tmp
 
 @pytest.mark.slow
 def test_tokenizer_trains_on_two_processes_with_amp_gan_and_ema(toy_data, tmp_path):
-    """dist_train.sh (2 processes, gloo) with --amp, the PatchGAN term and the EMA codebook: the
-    separately wrapped generator and discriminator, and the EMA statistics summed over ranks."""
+    """dist_train.sh (2 processes, gloo) with --amp, the PatchGAN term and the EMA codebook.
+
+    The separately wrapped generator and discriminator, and the EMA statistics summed over ranks.
+    """
     work = tmp_path / 'ddp'
     proc = run_cmd(['bash', REPO / 'tools/dist_train.sh', CONFIG, '2', '--amp', '--work-dir', work,
                     '--cfg-options', *SMALL, *_iters(2), 'model.gan_weight=0.1',
@@ -117,12 +123,13 @@ def test_tokenizer_trains_on_two_processes_with_amp_gan_and_ema(toy_data, tmp_pa
 
 
 def _train_tokenizer(rank: int, world: int, images: torch.Tensor, restarts: bool) -> dict:
-    """Train the small tokenizer (EMA codebook) on ``images[it]``, split over the ranks, with
-    the wrapper and SyncBN the tokenizer configs use in DDP; its state at the end. With
+    """Train the small tokenizer (EMA codebook) on ``images[it]``, split over the ranks.
+
+    With the wrapper and SyncBN the tokenizer configs use in DDP; its state at the end. With
     ``restarts``: an autoencoder warm-up of one iteration (its k-means init: rank 0's), code
-    restarts every iteration and the PatchGAN term. Without, the codebook
-    starts as initialised (no restart from one rank's latents), so a run on all images in one
-    process is the same computation."""
+    restarts every iteration and the PatchGAN term. Without, the codebook starts as initialised (no
+    restart from one rank's latents), so a run on all images in one process is the same computation.
+    """
     from mmengine.model import MMSeparateDistributedDataParallel
     init_default_scope('mmdet')
     model = _trainer(gan_weight=0.1 if restarts else 0., codebook_ema=0.9,
@@ -150,12 +157,14 @@ def _train_tokenizers(rank: int, world: int, images: torch.Tensor) -> tuple:
 
 @pytest.mark.slow
 def test_two_ranks_train_one_tokenizer_and_the_one_of_a_single_process():
-    """2 processes (gloo; the config's MMSeparateDistributedDataParallel and SyncBN): the ranks
-    end with the same codebook, tokenizer (BN statistics included) and discriminator, bit for
-    bit, with code restarts (rank 0's draw) and the PatchGAN term and without. Without, the
-    tokenizer is the one a single process trains on both ranks' images together (DDP averages
-    the gradients, the EMA codebook sums the statistics, SyncBN normalises over both): every
-    tensor's change from its initial value agrees to 0.1%."""
+    """2 processes (gloo; the config's MMSeparateDistributedDataParallel and SyncBN).
+
+    The ranks end with the same codebook, tokenizer (BN statistics included) and discriminator, bit
+    for bit, with code restarts (rank 0's draw) and the PatchGAN term and without. Without, the
+    tokenizer is the one a single process trains on both ranks' images together (DDP averages the
+    gradients, the EMA codebook sums the statistics, SyncBN normalises over both): every tensor's
+    change from its initial value agrees to 0.1%.
+    """
     torch.manual_seed(3)
     images = torch.rand(2, 4, 3, 32, 32)  # 2 iterations of 2 images per rank
     (ranks, restarted) = zip(*run_ranks(_train_tokenizers, images))
@@ -240,9 +249,12 @@ def test_restarts_are_seeded_per_iteration():
 
 
 def test_autoencoder_warmup_then_kmeans_codebook():
-    """During `ae_warmup` the decoder reads the latents themselves (no VQ loss, the codebook
-    untouched) and the latest latents are banked (in the checkpointed state, so a resume
-    continues the same bank); then the codebook becomes k-means centroids of the bank."""
+    """The autoencoder warm-up banks latents, then k-means seeds the codebook.
+
+    During ``ae_warmup`` the decoder reads the latents themselves (no VQ loss, the codebook
+    untouched) and the latest latents are banked (in the checkpointed state, so a resume continues
+    the same bank); then the codebook becomes k-means centroids of the bank.
+    """
     model = _trainer(ae_warmup=2, dead_code_interval=1)
     adam = dict(type='OptimWrapper', optimizer=dict(type='Adam', lr=1e-3))
     wrappers = VQOptimWrapperConstructor(dict(generator=adam))(model)
@@ -281,15 +293,17 @@ def test_kmeans_init_finds_the_clusters_of_the_latents():
 
 
 def mock_encode(model, latents):
-    """The encoder's latents of any image batch: `latents` (N, D) as one 1 x N grid."""
+    """The encoder's latents of any image batch: ``latents`` (N, D) as one 1 x N grid."""
     grid = latents.t().reshape(1, latents.shape[1], 1, len(latents))
     return mock.patch.object(model.vqgan, 'encode_latent', lambda images: grid)
 
 
 def test_zero_init_output_starts_grey_and_yields_to_a_loaded_tokenizer(tmp_path):
-    """zero_init_output: a tokenizer trained from scratch reconstructs flat grey at first, and
-    its first step moves the last convolution; a tokenizer given a checkpoint keeps it, and
-    the log says so; an init_cfg checkpoint (loaded by init_weights) replaces the zeros."""
+    """zero_init_output: a tokenizer trained from scratch reconstructs flat grey at first.
+
+    And its first step moves the last convolution; a tokenizer given a checkpoint keeps it, and the
+    log says so; an init_cfg checkpoint (loaded by init_weights) replaces the zeros.
+    """
     model = _trainer(zero_init_output=True, ae_warmup=2)
     conv = model.vqgan.decoder.conv_out
     assert not conv.weight.any() and not conv.bias.any()
@@ -367,9 +381,11 @@ def test_image_crops_keep_the_image_scale(tmp_path):
 
 
 def test_seed_table_reuses_finished_seeds_and_reports_the_spread(tmp_path):
-    """tools/analysis_tools/tokenizer_seeds.py: a seed whose eval.json exists is not trained
-    again (a killed run resumes at the next seed); the table has every seed with the PSNR at
-    each validation of its run, the spread and the CPU."""
+    """tools/analysis_tools/tokenizer_seeds.py.
+
+    A seed whose eval.json exists is not trained again (a killed run resumes at the next seed); the
+    table has every seed with the PSNR at each validation of its run, the spread and the CPU.
+    """
     for seed, psnr in ((0, 19.25), (1, 18.5)):
         (tmp_path / f'seed_{seed}').mkdir()
         (tmp_path / f'seed_{seed}' / 'eval.json').write_text(json.dumps(dict(
@@ -395,9 +411,12 @@ def test_seed_table_reuses_finished_seeds_and_reports_the_spread(tmp_path):
     ('former: Adam 1e-3, no warm-up (seeds 0-1)', (16.07, 17.31), False),
 ])
 def test_the_recipe_check_fails_a_recipe_that_learns_too_little(recipe, psnr, passes, tmp_path):
-    """tokenizer_seeds.py --min-margin 2: a seed less than 2 dB above the mean-colour baseline
-    (15.62 dB on the held-out crops) fails the check, with the seed and its margin. The
-    recorded held-out PSNR of the former recipe fails it, the current recipe's passes."""
+    """tokenizer_seeds.py --min-margin 2.
+
+    A seed less than 2 dB above the mean-colour baseline (15.62 dB on the held-out crops) fails the
+    check, with the seed and its margin. The recorded held-out PSNR of the former recipe fails it,
+    the current recipe's passes.
+    """
     for seed, value in enumerate(psnr):
         (tmp_path / f'seed_{seed}').mkdir()
         (tmp_path / f'seed_{seed}' / 'eval.json').write_text(json.dumps(dict(
@@ -416,8 +435,10 @@ def test_the_recipe_check_fails_a_recipe_that_learns_too_little(recipe, psnr, pa
 
 
 def test_validation_during_the_warm_up_measures_the_autoencoder():
-    """Before the codebook exists (ae_warmup), validation reconstructs with the quantiser
-    bypassed, as the warm-up trains; once it exists, through the codes."""
+    """Before the codebook exists (ae_warmup), validation reconstructs with the quantiser bypassed.
+
+    As the warm-up trains; once it exists, through the codes.
+    """
     model = _trainer(ae_warmup=2).eval()
     images = torch.rand(2, 3, 32, 32)
     vq = model.vqgan

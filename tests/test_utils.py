@@ -1,5 +1,8 @@
-"""The shared mechanisms of mmrobust.utils and mmrobust.models: atomic writes, the resumable
-results store, leaf datasets, arch tables, from-scratch init and the pixel space patch."""
+"""The shared mechanisms of mmrobust.utils and mmrobust.models.
+
+Atomic writes, the resumable results store, leaf datasets, arch tables, from-scratch init and the
+pixel space patch.
+"""
 import json
 import os
 

@@ -1,6 +1,6 @@
 """Write COCO-C / Cityscapes-C style corrupted copies of a dataset (see --help).
 
-    python tools/make_corrupted.py data/coco data/coco-c --protocol benchmark --workers 8
+python tools/make_corrupted.py data/coco data/coco-c --protocol benchmark --workers 8
 """
 import sys
 from pathlib import Path

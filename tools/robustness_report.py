@@ -1,4 +1,4 @@
-"""Tables, CSV and plots of corruption-robustness results, several models side by side.
+r"""Tables, CSV and plots of corruption-robustness results, several models side by side.
 
     python tools/robustness_report.py work_dirs/a/robustness_benchmark.json \\
         work_dirs/b/robustness_benchmark.json --labels baseline DAT --out-dir report/
@@ -20,9 +20,9 @@ Corruption Error (CE_c = sum_s (S - P_c,s) / sum_s (S - P^ref_c,s), S = 1 for AP
 mIoU; mCE and relative mCE as ImageNet-C). Writes OUT_DIR/summary.csv and cells.csv (with the
 intervals), paired.csv, seeds.csv, corruption_error.csv, per_corruption_<metric>.png,
 per_severity_<metric>.png and intervals_<metric>.png. Accepts mmrobust results JSON and mmdet
-3.3 `*_results.pkl` files (no intervals: they keep no per-image statistics).
+3.3 ``*_results.pkl`` files (no intervals: they keep no per-image statistics).
 
-`merge` joins the results files of `test_robustness.py --shard I/N` runs into one that resumes
+``merge`` joins the results files of ``test_robustness.py --shard I/N`` runs into one that resumes
 and reports like an unsharded run's; it refuses shards of different evaluations and cells with
 two different numbers, and cells no shard holds unless --allow-missing (marked partial).
 """
@@ -80,6 +80,7 @@ def merge(argv: List[str]) -> int:
 
 
 def main() -> int:
+    """Merge shards, or write the report of results files; the exit status."""
     if sys.argv[1:2] == ['merge']:
         return merge(sys.argv[2:])
     parser = argparse.ArgumentParser(

@@ -1,7 +1,7 @@
 """Test (evaluate) a checkpoint of a detector or segmentor; the config's scope decides.
 
-    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out FILE_OR_DIR] [--show]
-                         [--show-dir DIR] [--tta] [--cfg-options k=v ...] [--launcher ...]
+python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out FILE_OR_DIR] [--show]
+[--show-dir DIR] [--tta] [--cfg-options k=v ...] [--launcher ...]
 """
 import sys
 from pathlib import Path
@@ -29,6 +29,7 @@ from mmrobust.utils import config_scope, explain_registry_errors
 
 
 def parse_args() -> argparse.Namespace:
+    """The command line."""
     parser = argparse.ArgumentParser(description='Test a detector or segmentor')
     parser.add_argument('config', help='test config file path')
     parser.add_argument('checkpoint', help='checkpoint file')
@@ -45,6 +46,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> None:
+    """Test the config's model with the checkpoint."""
     args = parse_args()
     cfg = Config.fromfile(args.config)
     cfg = apply_common_args(cfg, args.config, args.launcher, args.work_dir, args.cfg_options)

@@ -1,4 +1,4 @@
-"""Corruption robustness of a detector or segmentor: P_clean, mPC and rPC over a protocol.
+r"""Corruption robustness of a detector or segmentor: P_clean, mPC and rPC over a protocol.
 
     python tools/test_robustness.py CONFIG CKPT --protocol benchmark          # COCO-C, on the fly
     python tools/test_robustness.py CONFIG CKPT --protocol cityscapes_c \\
@@ -63,6 +63,7 @@ from mmrobust.utils import explain_registry_errors
 
 
 def parse_args() -> argparse.Namespace:
+    """The command line."""
     parser = argparse.ArgumentParser(
         description=__doc__.split('\n')[0], epilog=__doc__.split('\n\n', 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -165,6 +166,7 @@ def _shift_roots(items) -> dict:
 
 
 def main() -> None:
+    """Evaluate the robustness cells and write the results file."""
     args = parse_args()
     if args.metric_queue < 0:
         raise UsageError(f'--metric-queue must be 0 (serial) or more, got {args.metric_queue}')

@@ -1,7 +1,7 @@
 """Train a detector (mmdet config) or segmentor (mmseg config); the config's scope decides.
 
-    python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp] [--auto-scale-lr]
-                                 [--cfg-options k=v ...] [--launcher none|pytorch|slurm|mpi]
+python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp] [--auto-scale-lr]
+[--cfg-options k=v ...] [--launcher none|pytorch|slurm|mpi]
 """
 import sys
 from pathlib import Path
@@ -30,6 +30,7 @@ from mmrobust.utils import explain_registry_errors
 
 
 def parse_args() -> argparse.Namespace:
+    """The command line."""
     parser = argparse.ArgumentParser(description='Train a detector or segmentor')
     parser.add_argument('config', help='train config file path')
     parser.add_argument('--work-dir', help='where logs and checkpoints go '
@@ -47,6 +48,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> None:
+    """Train the config's model."""
     args = parse_args()
     cfg = Config.fromfile(args.config)
     cfg = apply_common_args(cfg, args.config, args.launcher, args.work_dir, args.cfg_options)

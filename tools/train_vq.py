@@ -3,8 +3,8 @@
     python tools/train_vq.py configs/tokenizers/vq-small-f16_toy-coco.py [--work-dir DIR]
                              [--resume [CKPT]] [--amp] [--cfg-options train_cfg.max_iters=2000]
 
-The same as `python tools/train.py CONFIG ...`: the tokenizer trains with mmengine's Runner
-(mmrobust.models.VQTokenizerTrainer), so `tools/dist_train.sh`, `--amp` and `--resume` work as
+The same as ``python tools/train.py CONFIG ...``: the tokenizer trains with mmengine's Runner
+(mmrobust.models.VQTokenizerTrainer), so ``tools/dist_train.sh``, ``--amp`` and ``--resume`` work as
 for any model. Writes DIR/tokenizer.pth (the VQGAN's plain state dict, what the DAT hook and
 Dr-ViT load), Runner checkpoints DIR/iter_<n>.pth (VQGAN loads them too), reconstruction
 previews in DIR/previews/, the held-out PSNR / perplexity / used codes in the log and, at the

@@ -1,5 +1,7 @@
-"""Analyses that explain robustness: Fourier sensitivity, patch masking, attention rollout and
-channel gates, what discrete tokens keep."""
+"""Analyses that explain robustness.
+
+Fourier sensitivity, patch masking, attention rollout and channel gates, what discrete tokens keep.
+"""
 from .attention import AttentionRecorder, attention_probs, attention_report, rollout
 from .perturbation import (
     PerturbationStudy,

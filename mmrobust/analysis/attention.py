@@ -29,8 +29,11 @@ __all__ = ['attention_probs', 'rollout', 'AttentionRecorder', 'attention_report'
 
 
 def attention_probs(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Softmax attention (B, heads, N, N) of a FAN ``TokenMixing`` or a Dr-ViT ``Attention``
-    for its input tokens ``x`` (B, N, C)."""
+    """Softmax attention of a FAN ``TokenMixing`` or a Dr-ViT ``Attention``.
+
+    Softmax attention (B, heads, N, N) of a FAN ``TokenMixing`` or a Dr-ViT ``Attention`` for its
+    input tokens ``x`` (B, N, C).
+    """
     b, n, c = x.shape
     heads = module.num_heads
     if isinstance(module, TokenMixing):
@@ -60,8 +63,11 @@ def rollout(attentions: List[torch.Tensor], residual: float = 0.5) -> torch.Tens
 
 
 class AttentionRecorder:
-    """Records the attention of every FAN / Dr-ViT block (and FAN's channel gates) during a
-    forward pass of a backbone (or of a detector / segmentor holding one)."""
+    """Records the attention of every FAN / Dr-ViT block during a forward pass.
+
+    Records the attention of every FAN / Dr-ViT block (and FAN's channel gates) during a forward
+    pass of a backbone (or of a detector / segmentor holding one).
+    """
 
     def __init__(self, model: nn.Module) -> None:
         self.backbone = next((m for m in model.modules() if isinstance(m, (FANHybrid, DrViT))),
@@ -75,6 +81,7 @@ class AttentionRecorder:
 
     @contextmanager
     def record(self) -> Iterator['AttentionRecorder']:
+        """Hooks the blocks for the duration of the ``with`` block (the lists start empty)."""
         self.attentions, self.gates, self.grid = [], [], None
         handles = []
         for m in self.backbone.modules():

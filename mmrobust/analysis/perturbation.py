@@ -41,8 +41,10 @@ def fourier_basis(h: int, w: int, u: int, v: int) -> torch.Tensor:
 
 
 def frequency_grid(size: int) -> List[Tuple[int, int]]:
-    """The half of a centred ``size`` x ``size`` frequency grid that determines the whole
-    heatmap ((u, v) and (-u, -v) share one basis image): u > 0, or u == 0 and v >= 0."""
+    """The half of a centred ``size`` x ``size`` frequency grid that determines the whole heatmap.
+
+    (u, v) and (-u, -v) share one basis image. U > 0, or u == 0 and v >= 0.
+    """
     if size < 1 or size % 2 == 0:
         raise ValueError(f'the frequency grid size must be odd and positive, got {size}')
     r = size // 2
@@ -73,8 +75,11 @@ def fourier_perturb(pixels: torch.Tensor, mask: torch.Tensor, u: int, v: int, ep
 
 def patch_mask(pixels: torch.Tensor, mask: torch.Tensor, patch: int, ratio: float,
                generator: torch.Generator, fill: torch.Tensor) -> Tuple[torch.Tensor, List[int]]:
-    """Replace exactly round(ratio · n) of each image's n patches (a grid of ``patch`` px over
-    its area) with ``fill`` (per channel); returns the images and the masked counts."""
+    """Replace exactly round(ratio · n) of each image's n patches with ``fill``.
+
+    Replace exactly round(ratio · n) of each image's n patches (a grid of ``patch`` px over its
+    area) with ``fill`` (per channel); returns the images and the masked counts.
+    """
     if not 0 <= ratio <= 1:
         raise ValueError(f'masking ratios must be in [0, 1], got {ratio}')
     out, counts = pixels.clone(), []
@@ -110,8 +115,10 @@ def perturbed_preprocessor(model: nn.Module, perturb: Perturb) -> Iterator[None]
 # -- studies ---------------------------------------------------------------------------------------
 
 class PerturbationStudy:
-    """Evaluates a built, loaded runner under perturbations on a fixed subset of test images,
-    recording each setting's metrics in a JSON file (atomic, resumable)."""
+    """Evaluates a built, loaded runner under perturbations on a fixed subset of test images.
+
+    Recording each setting's metrics in a JSON file (atomic, resumable).
+    """
 
     def __init__(self, runner, cfg, results_path: str, identity: Dict, num_images: int = 0,
                  seed: int = 0) -> None:
@@ -127,6 +134,7 @@ class PerturbationStudy:
         self.data = self.store.data
 
     def done(self, key: str) -> bool:
+        """Whether the setting ``key`` is recorded already."""
         return self.store.done(key)
 
     def evaluate(self, key: str, perturb: Optional[Perturb]) -> Dict[str, float]:
@@ -158,10 +166,12 @@ class PerturbationStudy:
         return metrics
 
     def generator(self, key: str) -> torch.Generator:
+        """The setting ``key``'s own generator, from the study's seed and the key."""
         state = np.random.SeedSequence([self.seed, *key.encode()]).generate_state(1)[0]
         return torch.Generator().manual_seed(int(state))
 
     def fourier(self, size: int, eps: float, progress: bool = True) -> Dict:
+        """The Fourier heatmap study: each frequency of a ``size`` grid at ``eps``."""
         from tqdm import tqdm
         clean = self.evaluate('clean', None)
         freqs = frequency_grid(size)
@@ -173,6 +183,7 @@ class PerturbationStudy:
         return clean
 
     def masking(self, ratios: Sequence[float], patch: int, progress: bool = True) -> Dict:
+        """The patch-masking study: each ratio of ``patch`` px patches masked."""
         from tqdm import tqdm
         pre = getattr(self.runner.model, 'module', self.runner.model).data_preprocessor
         space = PixelSpace(pre)
@@ -195,8 +206,10 @@ def open_study(config: str, checkpoint: str, results_path: str, identity: Dict,
                num_images: int = 0, seed: int = 0, cfg_options: Optional[Dict] = None,
                work_dir: Optional[str] = None,
                allow_partial_load: bool = False) -> 'PerturbationStudy':
-    """Build the config's model and test loader, load ``checkpoint`` once (strictly unless
-    ``allow_partial_load``), open the results."""
+    """Build the config's model and test loader.
+
+    Load ``checkpoint`` once (strictly unless ``allow_partial_load``), open the results.
+    """
     from mmengine.config import Config
 
     from ..apis import apply_common_args, apply_test_args, build_runner
@@ -224,8 +237,10 @@ def main_metric(settings: Dict[str, Dict[str, float]], metric: Optional[str] = N
 
 
 def heatmap_matrix(data: Dict, metric: Optional[str] = None) -> np.ndarray:
-    """The full (grid × grid) matrix of ``metric``'s drop from clean of a Fourier study's results
-    (row u + grid // 2, column v + grid // 2); NaN where a setting was not evaluated yet."""
+    """The full (grid × grid) matrix of ``metric``'s drop from clean of a Fourier study's results.
+
+    Row u + grid // 2, column v + grid // 2. NaN where a setting was not evaluated yet.
+    """
     settings = data['settings']
     key = main_metric(settings, metric)
     drops = {tuple(int(t) for t in k.split(':')[1].split(',')): settings['clean'][key] - m[key]

@@ -23,9 +23,12 @@ __all__ = ['load_tokenizer', 'read_rgb', 'token_view', 'plot_code_changes']
 
 
 def load_tokenizer(spec: str, checkpoint: Optional[str] = None) -> nn.Module:
-    """A frozen VQGAN from an arch name of ``VQGAN_ARCHS`` or a tokenizer config (the ``model``
-    of a ``tools/train_vq.py`` config), with ``checkpoint`` (or the config's ``init_cfg``, or
-    the ``work_dirs/<config>/tokenizer.pth`` that ``tools/train_vq.py`` writes by default)."""
+    """A frozen VQGAN from an arch name of ``VQGAN_ARCHS`` or a tokenizer config.
+
+    The ``model`` of a ``tools/train_vq.py`` config. With ``checkpoint`` (or the config's
+    ``init_cfg``, or the ``work_dirs/<config>/tokenizer.pth`` that ``tools/train_vq.py`` writes by
+    default).
+    """
     if spec in VQGAN_ARCHS:
         model = VQGAN(arch=spec)
     elif osp.isfile(spec):
@@ -95,10 +98,13 @@ def _labelled(img: np.ndarray, text: str) -> np.ndarray:
 def token_view(tokenizer: nn.Module, images: Dict[str, np.ndarray], out_dir: str,
                corruptions: Sequence[str], severities: Sequence[int] = (1, 2, 3, 4, 5),
                show_severity: int = 3, seed: int = 0, progress: bool = True) -> Dict:
-    """Writes ``<name>.png`` per image (top: inputs, bottom: reconstructions from codes; clean,
-    then each corruption at ``show_severity``) and ``token_view.json``; returns the numbers:
-    reconstruction PSNR, the codes changed by each corruption and severity, and the codes
-    changed by re-encoding the clean reconstruction (``codes_changed_reencoding``)."""
+    """Write the token view of each image and return its numbers.
+
+    Writes ``<name>.png`` per image (top: inputs, bottom: reconstructions from codes; clean, then
+    each corruption at ``show_severity``) and ``token_view.json``; returns the numbers:
+    reconstruction PSNR, the codes changed by each corruption and severity, and the codes changed by
+    re-encoding the clean reconstruction (``codes_changed_reencoding``).
+    """
     unknown = [c for c in corruptions if c not in CORRUPTIONS]
     if unknown:
         raise UnknownNameError(f'unknown corruptions {unknown}; choose from {sorted(CORRUPTIONS)}')

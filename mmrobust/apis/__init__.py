@@ -1,3 +1,4 @@
+"""What the tools call: launching train / test runs, strict model initialisation."""
 from ..models.checkpoint import load_checkpoint_strict
 from .launch import (
     add_launch_args,

@@ -40,8 +40,11 @@ def _vqgan_filter(checkpoint: Mapping, model: nn.Module, dropped: Dict[str, str]
 
 @dataclass
 class _Family:
-    """How to build a family's target model, what its arch / out-type options mean and how its
-    checkpoints convert."""
+    """A family's target model, its options and its checkpoint conversion.
+
+    How to build a family's target model, what its arch / out-type options mean and how its
+    checkpoints convert.
+    """
     build: Callable[[str, str], nn.Module]
     archs: Tuple[str, ...]
     default_arch: str
@@ -128,8 +131,11 @@ def build_target(family: str, arch: Optional[str] = None, out_type: Optional[str
 
 
 def read_checkpoint(path: str) -> Mapping:
-    """A torch checkpoint (loaded safely), or an ``.npz`` of named arrays (TensorFlow
-    variables exported with numpy; arrays of objects are refused)."""
+    """A torch checkpoint (loaded safely).
+
+    Or an ``.npz`` of named arrays (TensorFlow variables exported with numpy; arrays of objects are
+    refused).
+    """
     if not osp.isfile(path):
         raise InputNotFoundError(f'checkpoint {path!r} not found')
     if path.endswith('.npz'):

@@ -1,6 +1,6 @@
-"""What `tools/train.py` and `tools/test.py` do to a config, for detection and segmentation.
+"""What ``tools/train.py`` and ``tools/test.py`` do to a config, for detection and segmentation.
 
-The config's `default_scope` decides the task; everything else is shared, so there is one set
+The config's ``default_scope`` decides the task; everything else is shared, so there is one set
 of tools instead of parallel mmdet/mmseg copies.
 """
 import argparse
@@ -34,7 +34,7 @@ __all__ = ['apply_common_args', 'apply_train_args', 'apply_test_args', 'build_ru
 
 
 def add_launch_args(parser: argparse.ArgumentParser) -> None:
-    """The arguments every tool shares: `--cfg-options`, `--launcher` and the local rank."""
+    """The arguments every tool shares: ``--cfg-options``, ``--launcher`` and the local rank."""
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config settings, key=value (e.g. '
                         'train_cfg.max_iters=100 or "key=[a,b]")')
@@ -45,7 +45,7 @@ def add_launch_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_partial_load_arg(parser: argparse.ArgumentParser) -> None:
-    """`--allow-partial-load`: the opt-out of strict whole-model checkpoint loading."""
+    """``--allow-partial-load``: the opt-out of strict whole-model checkpoint loading."""
     parser.add_argument('--allow-partial-load', action='store_true',
                         help='load a checkpoint that does not match the model exactly (missing, '
                         'unexpected or mis-shaped keys are logged instead of stopping the run; '
@@ -53,7 +53,7 @@ def add_partial_load_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_launch_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
-    """Parse a tool's arguments (with :func:`add_launch_args`) and export `LOCAL_RANK`."""
+    """Parse a tool's arguments (with :func:`add_launch_args`) and export ``LOCAL_RANK``."""
     args = parser.parse_args()
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
     return args
@@ -61,7 +61,10 @@ def parse_launch_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
 
 def apply_common_args(cfg: Config, config_path: str, launcher: str, work_dir: Optional[str],
                       cfg_options: Optional[dict]) -> Config:
-    """`--cfg-options`, `--work-dir` (default `work_dirs/<config name>`) and `--launcher`."""
+    """Apply ``--cfg-options``, ``--work-dir`` and ``--launcher`` to ``cfg``.
+
+    The work dir defaults to ``work_dirs/<config name>``.
+    """
     cfg.launcher = launcher
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
@@ -75,7 +78,7 @@ def apply_common_args(cfg: Config, config_path: str, launcher: str, work_dir: Op
 
 def apply_train_args(cfg: Config, resume: Optional[str], amp: bool,
                      auto_scale_lr: bool) -> Config:
-    """`--resume [path]`, `--amp` and `--auto-scale-lr` as in mmdet's train.py."""
+    """``--resume [path]``, ``--amp`` and ``--auto-scale-lr`` as in mmdet's train.py."""
     if amp:
         # NOTE: one wrapper, or several (e.g. a tokenizer's generator and discriminator)
         wrappers = [cfg.optim_wrapper] if 'optimizer' in cfg.optim_wrapper else [
@@ -154,7 +157,7 @@ def _enable_tta(cfg: Config) -> None:
 def apply_test_args(cfg: Config, checkpoint: str, *, out: Optional[str] = None,
                     show: bool = False, show_dir: Optional[str] = None, wait_time: float = 0,
                     tta: bool = False) -> Config:
-    """`--out`, `--show`, `--show-dir` and `--tta` with the task's own semantics."""
+    """``--out``, ``--show``, ``--show-dir`` and ``--tta`` with the task's own semantics."""
     if not osp.isfile(checkpoint):
         raise InputNotFoundError(f'checkpoint {checkpoint!r} does not exist')
     cfg.load_from = checkpoint
@@ -178,8 +181,8 @@ def apply_test_args(cfg: Config, checkpoint: str, *, out: Optional[str] = None,
 def setup_distributed(cfg: Config) -> None:
     """Start the process group on CPU-only machines (gloo); mmengine assumes CUDA devices.
 
-    mmengine's `init_dist('pytorch')` calls `torch.cuda.set_device` and its DDP wrapper passes
-    `device_ids=[LOCAL_RANK]`, both of which fail without GPUs. On GPUs nothing changes (NCCL).
+    mmengine's ``init_dist('pytorch')`` calls ``torch.cuda.set_device`` and its DDP wrapper passes
+    ``device_ids=[LOCAL_RANK]``, both of which fail without GPUs. On GPUs nothing changes (NCCL).
     """
     if cfg.launcher == 'none' or torch.cuda.is_available():
         return
@@ -219,8 +222,11 @@ def _replace_sync_bn(obj) -> bool:
 
 
 def _check_not_an_old_tokenizer_config(cfg: Config) -> None:
-    """Tokenizer configs of the former hand-written train_vq loop (`data=`, `train=`) say how
-    to move to the Runner instead of failing on missing dataloaders."""
+    """Refuse a tokenizer config of the former train_vq loop, saying how to move.
+
+    Tokenizer configs of the former hand-written train_vq loop (``data=``, ``train=``) say how to
+    move to the Runner instead of failing on missing dataloaders.
+    """
     if 'train' in cfg and 'data' in cfg and 'train_dataloader' not in cfg:
         raise ConfigError(
             'this is a tokenizer config for the former train_vq loop (`data=` and `train=`); '
@@ -237,7 +243,7 @@ def _check_not_an_old_tokenizer_config(cfg: Config) -> None:
 def build_runner(cfg: Config, loaders: tuple, allow_partial_load: bool = False) -> Runner:
     """Check the config, then build its runner with actionable registry errors.
 
-    The runner loads whole-model checkpoints (`load_from`, resume, test) strictly through
+    The runner loads whole-model checkpoints (``load_from``, resume, test) strictly through
     :class:`~mmrobust.engine.StrictLoadHook`.
 
     Args:
@@ -263,8 +269,10 @@ def build_runner(cfg: Config, loaders: tuple, allow_partial_load: bool = False) 
 
 
 class _FrozenParameterLines(logging.Filter):
-    """Drops mmengine's optimizer-constructor line per frozen parameter (27 for a FAN
-    detector's class-token path); :func:`_summarise_frozen_parameters` says it once."""
+    """Drops mmengine's optimizer-constructor line per frozen parameter.
+
+    27 for a FAN detector's class-token path. :func:`_summarise_frozen_parameters` says it once.
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
         return 'is skipped since its requires_grad=False' not in record.getMessage()
@@ -286,7 +294,7 @@ def _summarise_frozen_parameters(runner: Runner) -> None:
 
 def init_model(config: Union[str, Config], checkpoint: Optional[str] = None,
                device: str = 'cpu', allow_partial_load: bool = False) -> torch.nn.Module:
-    """`init_detector` / `mmseg.apis.init_model` with a strict checkpoint load.
+    """``init_detector`` / ``mmseg.apis.init_model`` with a strict checkpoint load.
 
     mmdet's and mmseg's initialisers load with ``strict=False`` and go on with whatever matched;
     this one stops with the missing, unexpected and mis-shaped keys unless

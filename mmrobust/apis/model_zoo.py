@@ -1,6 +1,8 @@
-"""The model zoo: every ``configs/<folder>/metafile.yml`` entry (OpenMMLab's metafile format)
-with its parameters, FLOPs and the papers' published numbers, and the check of a robustness
-results file against the published target of its config.
+"""The model zoo: every metafile entry, its numbers, and the check of results.
+
+The model zoo: every ``configs/<folder>/metafile.yml`` entry (OpenMMLab's metafile format) with its
+parameters, FLOPs and the papers' published numbers, and the check of a robustness results file
+against the published target of its config.
 
 Published numbers are the papers' (``Results``), never reproduced here; a metric's name says
 what it is (``box AP``: COCO-style AP@[.5:.95] x 100 on the clean set; ``box mPC`` /
@@ -63,10 +65,12 @@ class ZooEntry:
 
     @property
     def params(self) -> int:
+        """The parameter count of the metafile entry."""
         return int(self.metadata['Parameters'])
 
     @property
     def flops(self) -> int:
+        """The FLOPs of the metafile entry."""
         return int(self.metadata['FLOPs'])
 
     @property
@@ -93,9 +97,11 @@ class ZooEntry:
                 for metric, value in r['Metrics'].items()]
 
     def published_setting(self, dataset: str) -> str:
-        """How the published number on ``dataset`` was measured, where that matters: for a
-        corrupted set, the protocol, colour order and storage of its images (``''`` for a
-        clean set)."""
+        """How the published number on ``dataset`` was measured, where that matters.
+
+        For a corrupted set, the protocol, colour order and storage of its images (``''`` for a
+        clean set).
+        """
         if dataset not in CORRUPTED_DATASETS:
             return ''
         from ..corruptions import PUBLISHED_SETUPS
@@ -179,10 +185,12 @@ def load_zoo(repo: str) -> List[ZooEntry]:
 # -- measuring ------------------------------------------------------------------------------------
 
 def build_zoo_model(config: str) -> torch.nn.Module:
-    """A config's model as built by the Runner, without loading any pretrained weights (the
-    parameter count is the architecture's; nothing is downloaded or read), from a fixed seed:
-    a two-stage detector's proposals, and with them its RoI heads' FLOPs, are then the same in
-    every run on one machine."""
+    """A config's model as built by the Runner.
+
+    Without loading any pretrained weights (the parameter count is the architecture's; nothing is
+    downloaded or read), from a fixed seed: a two-stage detector's proposals, and with them its RoI
+    heads' FLOPs, are then the same in every run on one machine.
+    """
     from mmengine.config import Config
     from mmengine.registry import MODELS, init_default_scope
 
@@ -194,18 +202,22 @@ def build_zoo_model(config: str) -> torch.nn.Module:
 
 
 def count_parameters(model: torch.nn.Module) -> Tuple[int, int]:
-    """(all, trainable) parameters; Dr-ViT's frozen tokenizer and FAN's frozen class-token
-    path count in the first only."""
+    """(all, trainable) parameters.
+
+    Dr-ViT's frozen tokenizer and FAN's frozen class-token path count in the first only.
+    """
     return (sum(p.numel() for p in model.parameters()),
             sum(p.numel() for p in model.parameters() if p.requires_grad))
 
 
 def measure_flops(model: torch.nn.Module, size: Tuple[int, int]) -> int:
-    """FLOPs of one test-mode forward of a ``width x height`` image through a model of
-    :func:`build_zoo_model` (``model._forward``: backbone, neck and heads; a two-stage
-    detector's RoI heads on the RPN's proposals), counted as the project's benchmarks count
-    (:func:`mmrobust.utils.flops.count_flops`). The model keeps its constructors'
-    initialisation; no pretrained weights are read.
+    """FLOPs of one test-mode forward of a ``width x height`` image.
+
+    FLOPs of one test-mode forward of a ``width x height`` image through a model of
+    :func:`build_zoo_model` (``model._forward``: backbone, neck and heads; a two-stage detector's
+    RoI heads on the RPN's proposals), counted as the project's benchmarks count
+    (:func:`mmrobust.utils.flops.count_flops`). The model keeps its constructors' initialisation; no
+    pretrained weights are read.
     """
     from ..utils.flops import count_flops
     width, height = size
@@ -228,8 +240,11 @@ def measure_flops(model: torch.nn.Module, size: Tuple[int, int]) -> int:
 
 
 def update_metadata(metafile: str, name: str, values: Mapping[str, int]) -> None:
-    """Rewrite ``Metadata`` integers (``Parameters``, ``FLOPs``, ...) of one entry of a
-    metafile in place, atomically, leaving every other line (comments, order) as it is."""
+    """Rewrite ``Metadata`` integers of one metafile entry in place, atomically.
+
+    Rewrite ``Metadata`` integers (``Parameters``, ``FLOPs``, ...) of one entry of a metafile in
+    place, atomically, leaving every other line (comments, order) as it is.
+    """
     from ..utils.io import atomic_bytes
     with open(metafile) as f:
         lines = f.read().split('\n')
@@ -256,8 +271,11 @@ def _fmt_count(n: float, unit: str) -> str:
 
 
 def select(entries: Sequence[ZooEntry], task: str = '', family: str = '') -> List[ZooEntry]:
-    """The entries whose task and family (config folder, collection or one of its
-    ``Training Techniques``, e.g. DAT) contain the given words, case-insensitively."""
+    """The entries whose task and family contain the given words.
+
+    The entries whose task and family (config folder, collection or one of its ``Training
+    Techniques``, e.g. DAT) contain the given words, case-insensitively.
+    """
     def has(text: str, word: str) -> bool:
         return word.lower() in text.lower()
     return [e for e in entries if has(e.task, task) and any(
@@ -278,8 +296,10 @@ def zoo_table(entries: Sequence[ZooEntry]) -> str:
 
 
 def _published_cell(e: ZooEntry) -> List[str]:
-    """A README row's published numbers: each with its setting, and the published model's
-    pre-training where it is not this config's."""
+    """A README row's published numbers.
+
+    Each with its setting, and the published model's pre-training where it is not this config's.
+    """
     lines = []
     for dataset, metric, value in e.published():
         setting = e.published_setting(dataset)
@@ -291,8 +311,11 @@ def _published_cell(e: ZooEntry) -> List[str]:
 
 
 def readme_rows(entries: Sequence[ZooEntry]) -> List[str]:
-    """The Markdown table of a config folder's README.md: one row per entry, with links
-    relative to the folder (the README's rows are these lines, checked by the tests)."""
+    """The Markdown table of a config folder's README.md.
+
+    One row per entry, with links relative to the folder (the README's rows are these lines, checked
+    by the tests).
+    """
     lines = ['| model | params (trainable) | FLOPs (input) | published, not reproduced here '
              '| config |', '|---|---|---|---|---|']
     for e in entries:
@@ -349,8 +372,10 @@ def _entry_for(results: Mapping, entries: Sequence[ZooEntry]) -> ZooEntry:
 
 
 def _setup_differences(results: Mapping, protocol: str) -> List[str]:
-    """How the results' corrupted images differ from the published table's (colour order,
-    on the fly or stored, JPEG quality of a stored set)."""
+    """How the results' corrupted images differ from the published table's.
+
+    Colour order, on the fly or stored, JPEG quality of a stored set.
+    """
     from ..corruptions import PUBLISHED_SETUPS
     setup = PUBLISHED_SETUPS.get(protocol)
     if setup is None:
@@ -374,14 +399,17 @@ def _setup_differences(results: Mapping, protocol: str) -> List[str]:
 
 def check_results(results: Mapping, entries: Sequence[ZooEntry],
                   path: Optional[str] = None) -> Tuple[ZooEntry, List[str]]:
-    """Lines comparing a ``test_robustness.py`` results dict with the published numbers of its
-    config's zoo entry (``P_clean 41.9 vs published 42.0``).
+    """Lines comparing a results dict with its config's published numbers.
+
+    Lines comparing a ``test_robustness.py`` results dict with the published numbers of its config's
+    zoo entry (``P_clean 41.9 vs published 42.0``).
 
     A corrupted-set number is not compared when cells of the run's protocol are missing (a
     partial file), and is marked not comparable when the protocol or the way the images were
     corrupted (colour order, stored or on the fly, JPEG quality) is not the published table's,
     with the flags that reproduce it. With ``path`` and the run's per-image statistics, each
-    number comes with its bootstrap interval."""
+    number comes with its bootstrap interval.
+    """
     from ..evaluation.report import summarize
     entry = _entry_for(results, entries)
     summarized = summarize(results)
@@ -428,8 +456,10 @@ def check_results(results: Mapping, entries: Sequence[ZooEntry],
 
 
 def _intervals(path: str, results: Mapping) -> Dict[str, Dict[str, Tuple[float, float]]]:
-    """The bootstrap intervals of P_clean / mPC / rPC from the run's per-image statistics
-    ({} without them)."""
+    """The bootstrap intervals of P_clean / mPC / rPC from the run's per-image statistics.
+
+    {} without them.
+    """
     from ..evaluation.uncertainty import Bootstrap, interval, replicates_of
     if results.get('protocol') == 'mmdet-results':
         return {}

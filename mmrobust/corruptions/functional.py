@@ -191,6 +191,7 @@ def _frost_rescaled(index: int, height: int, width: int) -> np.ndarray:
 # -- noise -----------------------------------------------------------------------------------------
 
 def gaussian_noise(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
+    """Additive Gaussian noise in [0, 1] units."""
     scale = [.08, .12, 0.18, 0.26, 0.38][severity - 1]
     out = img / 255.
     out += legacy.normal(rng, img.shape, scale=scale)
@@ -198,6 +199,7 @@ def gaussian_noise(img: np.ndarray, severity: int, rng: np.random.RandomState) -
 
 
 def shot_noise(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
+    """Poisson (shot) noise at a photon count per severity."""
     photons = [60, 25, 12, 5, 3][severity - 1]
     # NOTE: rng.poisson(img / 255. * photons), with the rate of each of the 256 values computed once
     rates = np.arange(256, dtype=np.float64) / 255. * photons
@@ -220,6 +222,7 @@ def impulse_noise(img: np.ndarray, severity: int, rng: np.random.RandomState) ->
 
 
 def speckle_noise(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
+    """Multiplicative Gaussian (speckle) noise."""
     scale = [.15, .2, 0.35, 0.45, 0.6][severity - 1]
     out = img / 255.
     out = out + out * legacy.normal(rng, img.shape, scale=scale)
@@ -229,11 +232,13 @@ def speckle_noise(img: np.ndarray, severity: int, rng: np.random.RandomState) ->
 # -- blur ------------------------------------------------------------------------------------------
 
 def gaussian_blur(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
+    """Gaussian blur."""
     sigma = [1, 2, 3, 4, 6][severity - 1]
     return to_uint8(gaussian(img / 255., sigma))
 
 
 def glass_blur(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
+    """Glass blur: blur, local pixel shuffles, blur again."""
     sigma, max_delta, iterations = [(0.7, 1, 2), (0.9, 2, 1), (1, 2, 3), (1.1, 3, 2),
                                     (1.5, 4, 2)][severity - 1]
     shuffled = np.uint8(gaussian(img / 255., sigma) * 255)
@@ -248,11 +253,13 @@ def glass_blur(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np
 
 
 def defocus_blur(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
+    """Defocus blur: a disk kernel, anti-aliased."""
     radius, alias_blur = [(3, 0.1), (4, 0.5), (6, 0.5), (8, 0.5), (10, 0.5)][severity - 1]
     return to_uint8(cv2.filter2D(img / 255., -1, _disk_kernel(radius, alias_blur)))
 
 
 def motion_blur(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
+    """Motion blur along a random angle."""
     radius, sigma = [(10, 3), (15, 5), (15, 8), (15, 12), (20, 15)][severity - 1]
     angle = rng.uniform(-45, 45)
     return to_uint8(_motion_blur(img, radius=radius, sigma=sigma, angle=angle), 255, 1)
@@ -280,6 +287,7 @@ def zoom_blur(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.
 # -- weather ---------------------------------------------------------------------------------------
 
 def snow(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
+    """Snow: motion-blurred snow layers blended over a greyed image."""
     loc, scale, zoom_factor, threshold, radius, sigma, blend = [
         (0.1, 0.3, 3, 0.5, 10, 4, 0.8),
         (0.2, 0.3, 2, 0.5, 12, 4, 0.7),
@@ -298,6 +306,7 @@ def snow(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarr
 
 
 def frost(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
+    """Frost: a random crop of a frost texture blended in."""
     image_weight, frost_weight = [(1, 0.4), (0.8, 0.6), (0.7, 0.7), (0.65, 0.7),
                                   (0.6, 0.75)][severity - 1]
     # NOTE: the reference lists six textures but draws from the first five
@@ -311,6 +320,7 @@ def frost(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndar
 
 
 def fog(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
+    """Fog: a plasma-fractal haze added."""
     strength, wibble_decay = [(1.5, 2), (2., 2), (2.5, 1.7), (2.5, 1.5), (3., 1.4)][severity - 1]
     height, width = img.shape[:2]
     mapsize = 1 << (max(height, width, 3) - 1).bit_length()
@@ -320,6 +330,7 @@ def fog(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarra
 
 
 def spatter(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
+    """Spatter: water drops (severities 1-3) or mud (4-5)."""
     loc, scale, sigma, threshold, intensity, mud = [(0.65, 0.3, 4, 0.69, 0.6, 0),
                                                     (0.65, 0.3, 3, 0.68, 0.6, 0),
                                                     (0.65, 0.3, 2, 0.68, 0.5, 0),
@@ -356,16 +367,19 @@ def spatter(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.nd
 # -- digital ---------------------------------------------------------------------------------------
 
 def brightness(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
+    """Brightness: the HSV value channel raised."""
     shift = [.1, .2, .3, .4, .5][severity - 1]
     return to_uint8(_kernels.hsv_adjust(img / 255., shift, 1.0, 0.0))
 
 
 def saturate(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
+    """Saturate: the HSV saturation channel scaled and shifted."""
     scale, shift = [(0.3, 0), (0.1, 0), (2, 0), (5, 0.1), (20, 0.2)][severity - 1]
     return to_uint8(_kernels.hsv_adjust(img / 255., 0.0, float(scale), float(shift)))
 
 
 def contrast(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
+    """Contrast: each channel pulled towards its mean."""
     factor = [0.4, .3, .2, .1, .05][severity - 1]
     x = img / 255.
     means = np.mean(x, axis=(0, 1))  # NOTE: NumPy's reduction order, for identical rounding
@@ -400,6 +414,7 @@ def elastic_transform(img: np.ndarray, severity: int, rng: np.random.RandomState
 
 
 def pixelate(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
+    """Pixelate: down-sampled with box filtering, up-sampled nearest."""
     factor = [0.6, 0.5, 0.4, 0.3, 0.25][severity - 1]
     height, width = img.shape[:2]
     small = Image.fromarray(img).resize((max(int(width * factor), 1), max(int(height * factor), 1)),
@@ -408,6 +423,7 @@ def pixelate(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.n
 
 
 def jpeg_compression(img: np.ndarray, severity: int, rng: np.random.RandomState) -> np.ndarray:
+    """JPEG compression at a quality per severity."""
     quality = [25, 18, 15, 10, 7][severity - 1]
     buffer = io.BytesIO()
     Image.fromarray(img).save(buffer, 'JPEG', quality=quality)

@@ -38,8 +38,10 @@ IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
 
 
 class CorruptionWriteError(RuntimeError):
-    """Writing a corrupted file failed for a reason that is not the source image's (a full
-    disk, an I/O error, memory, a bug): the run stops, naming the cell and the image."""
+    """Writing a corrupted file failed for a reason that is not the source image's.
+
+    A full disk, an I/O error, memory, a bug. The run stops, naming the cell and the image.
+    """
 
 
 class SourceImageError(MMRobustError):
@@ -374,6 +376,7 @@ def generate(src: Path, out: Path, protocol: Protocol, seed: int = 0, workers: i
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """``make_corrupted.py``'s command line."""
     parser = argparse.ArgumentParser(
         prog='make_corrupted', description=__doc__.split('\n\n')[0],
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split('\n\n', 1)[1])
@@ -407,6 +410,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``make_corrupted.py``: write the stored set; the exit status."""
     args = parse_args(argv)
     protocol = resolve_protocol(args.protocol, args.corruptions, args.severities)
     manifest = generate(Path(args.src), Path(args.out), protocol, seed=args.seed,

@@ -24,8 +24,11 @@ def _store(rng: np.random.RandomState, key: np.ndarray, pos: np.ndarray, gauss: 
 
 
 def poisson(rng: np.random.RandomState, index: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """``rng.poisson(table[index])``: ``index`` an integer array (e.g. a uint8 image), ``table``
-    the float64 rates (finite, in [0, 1e7)) of its values."""
+    """``rng.poisson(table[index])``.
+
+    ``index`` an integer array (e.g. a uint8 image), ``table`` the float64 rates (finite, in [0,
+    1e7)) of its values.
+    """
     table = np.ascontiguousarray(table, dtype=np.float64)
     if table.size and not (table.min() >= 0 and table.max() < 1e7):
         raise ValueError('poisson: rates must be finite, >= 0 and < 1e7')

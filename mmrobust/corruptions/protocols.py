@@ -97,9 +97,12 @@ def corruptions_in(category: str) -> Tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Protocol:
-    """An ordered set of corruption cells. ``severities`` maps corruption → its severities;
-    ``categories`` the corruptions its source files under another category than ImageNet-C
-    does (SegFormer's Cityscapes-C puts brightness under digital)."""
+    """An ordered set of corruption cells.
+
+    ``severities`` maps corruption → its severities; ``categories`` the corruptions its source files
+    under another category than ImageNet-C does (SegFormer's Cityscapes-C puts brightness under
+    digital).
+    """
     name: str
     description: str
     severities: Mapping[str, Tuple[int, ...]]
@@ -107,6 +110,7 @@ class Protocol:
 
     @property
     def corruptions(self) -> Tuple[str, ...]:
+        """The protocol's corruption names, in its order."""
         return tuple(self.severities)
 
     def category(self, corruption: str) -> str:

@@ -21,8 +21,10 @@ MANIFEST = 'manifest.json'
 
 
 class StoredSetError(MMRobustError, ValueError):
-    """A stored corrupted set that cannot be evaluated as it is (the message says why and how
-    to mend it)."""
+    """A stored corrupted set that cannot be evaluated as it is.
+
+    The message says why and how to mend it.
+    """
 
 
 def cell_folder(root: str, corruption: str, severity: int) -> str:
@@ -56,8 +58,10 @@ def cell_image_path(path: str, data_root: Optional[str], root: str, corruption: 
 
 
 def read_stored_set(root: str) -> Optional[Dict[str, Any]]:
-    """The manifest of the stored set at ``root``, checked; None when the set has none (made
-    by another tool, e.g. a downloaded COCO-C: its provenance is unknown).
+    """The manifest of the stored set at ``root``, checked.
+
+    None when the set has none (made by another tool, e.g. a downloaded COCO-C: its provenance is
+    unknown).
 
     Raises:
         InputNotFoundError: ``root`` is not a folder.
@@ -96,8 +100,10 @@ def read_stored_set(root: str) -> Optional[Dict[str, Any]]:
 
 
 def stored_set_identity(manifest: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    """What a results file records, and compares, of a stored set: how its pixels were made
-    (not where it lies, so a copy on another node's disk is the same set)."""
+    """What a results file records, and compares, of a stored set.
+
+    How its pixels were made (not where it lies, so a copy on another node's disk is the same set).
+    """
     if manifest is None:
         return {'manifest': False}
     lossless = bool(manifest.get('lossless', False))
@@ -109,8 +115,10 @@ def stored_set_identity(manifest: Optional[Dict[str, Any]]) -> Dict[str, Any]:
 
 def stored_settings(root: str, manifest: Optional[Dict[str, Any]], seed: Optional[int],
                     bgr_compat: Optional[bool]) -> Tuple[Optional[int], Optional[bool]]:
-    """The seed and colour mode of a stored set's cells: its manifest's (``seed`` /
-    ``bgr_compat``, when given, must agree with it); without a manifest, what was given.
+    """The seed and colour mode of a stored set's cells.
+
+    Its manifest's (``seed`` / ``bgr_compat``, when given, must agree with it); without a manifest,
+    what was given.
 
     Raises:
         StoredSetError: the given seed or colour mode contradicts the manifest.

@@ -1,3 +1,4 @@
+"""Datasets and transforms: corruption cells, stored sets, shift sets, toy and synthetic data."""
 from .image_crops import ImageCrops, ImageCropsDataset, dataset_image_paths
 from .toy_data import (
     CITYSCAPES_CLASSES,

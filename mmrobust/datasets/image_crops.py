@@ -87,8 +87,9 @@ def dataset_image_paths(config: str, loader: str) -> List[str]:
 
 @DATASETS.register_module()
 class ImageCropsDataset(ImageCrops):
-    """:class:`ImageCrops` of the images of another config's dataset, as an mmengine dataset
-    (items ``dict(inputs=image)``) for tokenizer training with the Runner.
+    """:class:`ImageCrops` of the images of another config's dataset.
+
+    As an mmengine dataset (items ``dict(inputs=image)``) for tokenizer training with the Runner.
 
     Args:
         config: an mmdet / mmseg config whose dataset supplies the images (labels unread).

@@ -135,8 +135,10 @@ def shift_label(name: str, level: int) -> str:
 
 
 def parse_shifts(names: Sequence[str]) -> List[Tuple[str, int]]:
-    """Shift cells of ``--shifts`` items: a bundle, a set (all its levels), ``NAME:LEVEL`` or
-    an alias (``foggy_0.02``), in order, without repeats.
+    """Shift cells of ``--shifts`` items.
+
+    A bundle, a set (all its levels), ``NAME:LEVEL`` or an alias (``foggy_0.02``), in order, without
+    repeats.
 
     Raises:
         UnknownShiftError: an item names none of them (the message lists what there is).
@@ -168,8 +170,10 @@ def _root(family: str, roots: Optional[Mapping[str, str]]) -> str:
 
 
 def shift_identity(cells: Sequence[Tuple[str, int]]) -> Dict[str, Dict]:
-    """What a results file records of its shift cells (compared on resume and merge): the
-    sets, their levels and what each level is; not the roots (moving data keeps the results)."""
+    """What a results file records of its shift cells (compared on resume and merge).
+
+    The sets, their levels and what each level is; not the roots (moving data keeps the results).
+    """
     out: Dict[str, Dict] = {}
     for name, level in cells:
         entry = out.setdefault(name, {'family': SHIFT_SETS[name].family, 'levels': {}})
@@ -179,8 +183,10 @@ def shift_identity(cells: Sequence[Tuple[str, int]]) -> Dict[str, Dict]:
 
 def shift_dataset(dataset_cfg: Mapping, name: str, level: int,
                   roots: Optional[Mapping[str, str]] = None) -> Dict:
-    """The config's test dataset pointed at a shift cell's images and labels (its type,
-    pipeline, metainfo and other arguments kept)."""
+    """The config's test dataset pointed at a shift cell's images and labels.
+
+    Its type, pipeline, metainfo and other arguments kept.
+    """
     shift = SHIFT_SETS[name]
     root = _root(shift.family, roots)
     dataset = copy.deepcopy(dict(dataset_cfg))
@@ -209,8 +215,10 @@ def _layout_error(name: str, level: int, root: str, what: str) -> ShiftDatasetEr
 
 def check_shift_root(name: str, level: int, roots: Optional[Mapping[str, str]] = None,
                      task: Optional[str] = None) -> None:
-    """A shift cell's root holds its published layout (its image folder with at least one image
-    of its suffix, and that image's label), else an error naming the layout and its source.
+    """A shift cell's root holds its published layout.
+
+    Its image folder with at least one image of its suffix, and that image's label. Else an error
+    naming the layout and its source.
 
     Raises:
         ShiftDatasetError: the root, a folder, an image or its label is missing.

@@ -36,11 +36,16 @@ def _uncompressed_rle(mask: np.ndarray) -> Dict:
 def synthetic_coco_gt(num_images: int, num_classes: int = 80, objects_per_image: float = 7.0,
                       size: Tuple[int, int] = (480, 640), crowd_prob: float = 0.0,
                       empty_prob: float = 0.0, seed: int = 0) -> Dict:
-    """A COCO instances dict: images of `size` (h, w) with ~`objects_per_image` polygon objects.
+    """A COCO instances dict: images of ``size`` (h, w) with ~``objects_per_image`` polygon objects.
 
     Args:
+        num_images: images in the set.
+        num_classes: categories (ids 1 to ``num_classes``).
+        objects_per_image: mean objects per image (Poisson, at least one).
+        size: ``(h, w)`` of every image.
         crowd_prob: chance that an image also has one crowd region (``iscrowd=1``, RLE).
         empty_prob: chance that an image has no annotation at all.
+        seed: seed of the generator.
 
     Returns:
         ``{'images', 'annotations', 'categories'}``; areas are the polygons' own (as COCO's),
@@ -81,12 +86,14 @@ def synthetic_coco_gt(num_images: int, num_classes: int = 80, objects_per_image:
 
 def synthetic_detections(gt: Dict, per_image: int = 100, recall: float = 0.85,
                          no_detection_prob: float = 0.0, seed: int = 0) -> List[Dict]:
-    """Detections for `gt`: per image ``bboxes`` (xyxy), ``scores``, ``labels`` (category index
-    in ``gt['categories']``) and ``masks`` (compressed RLE), `per_image` of them.
+    """Synthetic detections for ``gt``, per image.
 
-    A share `recall` of the non-crowd objects is found (jittered box and polygon, a high score,
+    Detections for ``gt``: per image ``bboxes`` (xyxy), ``scores``, ``labels`` (category index in
+    ``gt['categories']``) and ``masks`` (compressed RLE), ``per_image`` of them.
+
+    A share ``recall`` of the non-crowd objects is found (jittered box and polygon, a high score,
     sometimes the wrong class); the rest are false positives with lower scores. An image has no
-    detection with probability `no_detection_prob`.
+    detection with probability ``no_detection_prob``.
     """
     rng = np.random.default_rng(seed + 1)
     by_image: Dict[int, list] = {}
@@ -134,7 +141,7 @@ def synthetic_detections(gt: Dict, per_image: int = 100, recall: float = 0.85,
 
 
 def detections_to_coco_results(detections: List[Dict], gt: Dict, iou_type: str) -> List[Dict]:
-    """`detections` in COCO's results format (``loadRes``) for ``'bbox'`` or ``'segm'``."""
+    """``detections`` in COCO's results format (``loadRes``) for ``'bbox'`` or ``'segm'``."""
     cat_ids = [c['id'] for c in gt['categories']]
     results = []
     for det in detections:

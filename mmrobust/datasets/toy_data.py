@@ -2,10 +2,10 @@
 
 No dataset can be downloaded where mmrobust is developed and tested, so the project writes its
 own: a small COCO-format instance-segmentation set (shapes on textured backgrounds) and a small
-Cityscapes-format semantic-segmentation set (synthetic street scenes with `*_labelTrainIds.png`).
+Cityscapes-format semantic-segmentation set (synthetic street scenes with ``*_labelTrainIds.png``).
 Both are written from a seed alone, in seconds, and are learnable by a real detector/segmentor.
 
-Every image draws from its own `numpy.random.Generator` seeded with (seed, split, index), so the
+Every image draws from its own ``numpy.random.Generator`` seeded with (seed, split, index), so the
 files do not depend on generation order, and all writes go through a temp file + rename.
 """
 import json
@@ -101,7 +101,7 @@ def _textured_background(rng: np.random.Generator, h: int, w: int) -> np.ndarray
 
 def _polygon(rng: np.random.Generator, shape: str, cx: float, cy: float,
              r: float) -> np.ndarray:
-    """Vertices (N, 2) of a rotated shape of circumradius `r`."""
+    """Vertices (N, 2) of a rotated shape of circumradius ``r``."""
     rot = rng.uniform(0, 2 * math.pi)
     if shape == 'circle':
         n, radii = 40, [r] * 40
@@ -178,9 +178,9 @@ def _toy_coco_image(rng: np.random.Generator) -> Tuple[np.ndarray, List[dict]]:
 
 def make_toy_coco(root: str, seed: int = 0, num_train: int = 96,
                   num_val: int = 24) -> Dict[str, int]:
-    """Write a toy COCO 2017-layout instance segmentation dataset to `root`.
+    """Write a toy COCO 2017-layout instance segmentation dataset to ``root``.
 
-    Layout: `train2017/`, `val2017/` (JPEG) and `annotations/instances_{train,val}2017.json`,
+    Layout: ``train2017/``, ``val2017/`` (JPEG) and ``annotations/instances_{train,val}2017.json``,
     five shape classes, 256-320 px images, polygon masks.
 
     Returns:
@@ -295,10 +295,10 @@ def _toy_cityscapes_image(rng: np.random.Generator, h: int = 256,
 
 def make_toy_cityscapes(root: str, seed: int = 0, num_train: int = 32,
                         num_val: int = 8) -> Dict[str, int]:
-    """Write a toy Cityscapes-layout semantic segmentation dataset (512x256) to `root`.
+    """Write a toy Cityscapes-layout semantic segmentation dataset (512x256) to ``root``.
 
-    Layout: `leftImg8bit/{train,val}/<city>/<city>_<seq>_<frame>_leftImg8bit.png` and
-    `gtFine/{split}/<city>/..._gtFine_labelTrainIds.png` (+ `_gtFine_labelIds.png`).
+    Layout: ``leftImg8bit/{train,val}/<city>/<city>_<seq>_<frame>_leftImg8bit.png`` and
+    ``gtFine/{split}/<city>/..._gtFine_labelTrainIds.png`` (+ ``_gtFine_labelIds.png``).
 
     Returns:
         Number of images per split.
@@ -370,8 +370,11 @@ def _write_seg_pair(img_path: str, gt_path: str, img: np.ndarray, label: np.ndar
 
 
 def make_toy_acdc(root: str, seed: int = 0, per_condition: int = 2) -> Dict[str, int]:
-    """Write a toy ACDC (val) in its layout: ``rgb_anon/<condition>/val/<seq>/*_rgb_anon.png``
-    and ``gt/<condition>/val/<seq>/*_gt_labelTrainIds.png``."""
+    """Write a toy ACDC (val) in its layout.
+
+    ``rgb_anon/<condition>/val/<seq>/*_rgb_anon.png`` and
+    ``gt/<condition>/val/<seq>/*_gt_labelTrainIds.png``.
+    """
     counts = {}
     for k, condition in enumerate(('fog', 'night', 'rain', 'snow')):
         for i in range(per_condition):
@@ -388,9 +391,12 @@ def make_toy_acdc(root: str, seed: int = 0, per_condition: int = 2) -> Dict[str,
 
 
 def make_toy_foggy_cityscapes(root: str, seed: int = 0, num_val: int = 4) -> Dict[str, int]:
-    """Write a toy Foggy Cityscapes (val): the toy Cityscapes val scenes of the same seed and
-    names, fogged at the three densities, in ``leftImg8bit_foggy/val/<city>/<stem>_leftImg8bit_
-    foggy_beta_<beta>.png``, beside their ``gtFine/val/<city>/<stem>_gtFine_labelTrainIds.png``."""
+    """Write a toy Foggy Cityscapes (val).
+
+    The toy Cityscapes val scenes of the same seed and names, fogged at the three densities, in
+    ``leftImg8bit_foggy/val/<city>/<stem>_leftImg8bit_ foggy_beta_<beta>.png``, beside their
+    ``gtFine/val/<city>/<stem>_gtFine_labelTrainIds.png``.
+    """
     for i in range(num_val):
         img, label = _toy_cityscapes_image(_rng(seed, 'val', i))
         stem = f'frankfurt_{i:06d}_000019'
@@ -406,8 +412,10 @@ def make_toy_foggy_cityscapes(root: str, seed: int = 0, num_val: int = 4) -> Dic
 
 
 def make_toy_dark_zurich(root: str, seed: int = 0, num_val: int = 3) -> Dict[str, int]:
-    """Write a toy Dark Zurich (val) in its layout: ``rgb_anon/val/night/<seq>/*_rgb_anon.png``
-    and ``gt/val/night/<seq>/*_gt_labelTrainIds.png``."""
+    """Write a toy Dark Zurich (val) in its layout.
+
+    ``rgb_anon/val/night/<seq>/*_rgb_anon.png`` and ``gt/val/night/<seq>/*_gt_labelTrainIds.png``.
+    """
     for i in range(num_val):
         rng = _shift_rng(seed, 10, i)
         img, label = _toy_cityscapes_image(rng)
@@ -421,8 +429,11 @@ def make_toy_dark_zurich(root: str, seed: int = 0, num_val: int = 3) -> Dict[str
 
 
 def make_toy_coco_o(root: str, seed: int = 0, per_domain: int = 4) -> Dict[str, int]:
-    """Write a toy COCO-O in its layout: ``<domain>/val2017/*.jpg`` and
-    ``<domain>/annotations/instances_val2017.json`` for its six domains, the toy COCO classes."""
+    """Write a toy COCO-O in its layout.
+
+    ``<domain>/val2017/*.jpg`` and ``<domain>/annotations/instances_val2017.json`` for its six
+    domains, the toy COCO classes.
+    """
     categories = [dict(id=i + 1, name=n, supercategory='shape')
                   for i, n in enumerate(TOY_COCO_CLASSES)]
     counts = {}
@@ -464,7 +475,7 @@ _MARKER = '.mmrobust_toy.json'
 
 def generate_toy_dataset(name: str, root: str, seed: int = 0,
                          force: bool = False) -> Dict[str, int]:
-    """Generate toy dataset `name` into `root` unless a complete copy with this seed is there.
+    """Generate toy dataset ``name`` into ``root`` unless a complete copy with this seed is there.
 
     A marker file written last records the seed and counts, so an interrupted run is redone and a
     complete one is skipped.

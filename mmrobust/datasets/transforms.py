@@ -4,6 +4,7 @@ from typing import Dict, Optional
 
 import mmdet.datasets.transforms  # noqa: F401  (registers mmdet's Corrupt first; see below)
 from mmcv.transforms import BaseTransform
+from typing_extensions import override
 
 from ..corruptions import SEVERITIES, corrupt, derive_seed, get_corruption
 from ..registry import TRANSFORMS
@@ -59,6 +60,7 @@ class Corrupt(BaseTransform):
         raise ConfigError('Corrupt needs img_path, img_id or sample_idx in the results to seed the '
                           'corruption per image; put it after LoadImageFromFile.')
 
+    @override
     def transform(self, results: Dict) -> Dict:
         if 'img' not in results:
             raise ConfigError('Corrupt found no image in the results: put it right after the '
@@ -98,6 +100,7 @@ class CorruptCell(BaseTransform):
         self.seed, self.channel_order, self.bgr_compat = int(seed), channel_order, bgr_compat
         self._steps: Dict[tuple, Corrupt] = {}
 
+    @override
     def transform(self, results: Dict) -> Dict:
         cell = results.pop(CELL_KEY, None)
         if cell is None:
@@ -116,8 +119,10 @@ class CorruptCell(BaseTransform):
 
 @TRANSFORMS.register_module()
 class StoredCell(BaseTransform):
-    """Read a stored corrupted set's copy of the image: ``img_path`` moved from the clean set's
-    ``data_root`` into ``<root>/<corruption>/<severity>/`` (``make_corrupted.py``'s layout).
+    """Read a stored corrupted set's copy of the image.
+
+    ``img_path`` moved from the clean set's ``data_root`` into ``<root>/<corruption>/<severity>/``
+    (``make_corrupted.py``'s layout).
 
     The per-cell robustness loop puts it before the image-loading step of each test dataset,
     so every sample is mapped however its path was formed (``data_root``, a relative or
@@ -135,6 +140,7 @@ class StoredCell(BaseTransform):
         self.root, self.corruption, self.severity = str(root), corruption, int(severity)
         self.data_root = data_root
 
+    @override
     def transform(self, results: Dict) -> Dict:
         from ..corruptions.stored import cell_image_path
         results['img_path'] = cell_image_path(results['img_path'], self.data_root, self.root,

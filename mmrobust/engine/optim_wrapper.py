@@ -1,6 +1,6 @@
 """Optimizer wrappers: mixed precision on CPUs, and the tokenizer trainer's two optimizers.
 
-mmengine's `AmpOptimWrapper` refuses to run without a GPU, so `--amp` would be unusable on the
+mmengine's ``AmpOptimWrapper`` refuses to run without a GPU, so ``--amp`` would be unusable on the
 CPU machines mmrobust's toy configs target. CPU autocast supports bfloat16, which has float32's
 exponent range and so needs no loss scaling.
 """
@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 from mmengine.logging import print_log
 from mmengine.optim import DefaultOptimWrapperConstructor, OptimWrapper, OptimWrapperDict
+from typing_extensions import override
 
 from mmrobust.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS
 
@@ -38,6 +39,7 @@ class CPUAmpOptimWrapper(OptimWrapper):
                       logger='current', level=logging.WARNING)
 
     @contextmanager
+    @override
     def optim_context(self, model: nn.Module) -> Iterator[None]:
         with super().optim_context(model), torch.autocast('cpu', dtype=torch.bfloat16):
             yield
@@ -45,9 +47,12 @@ class CPUAmpOptimWrapper(OptimWrapper):
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
 class VQOptimWrapperConstructor:
-    """Builds ``OptimWrapperDict(generator=..., discriminator=...)`` for
-    :class:`VQTokenizerTrainer` from an ``optim_wrapper`` config with one entry per part (the
-    discriminator entry is used only when the model has one)."""
+    """Builds the generator's and the discriminator's optimiser wrappers.
+
+    Builds ``OptimWrapperDict(generator=..., discriminator=...)`` for :class:`VQTokenizerTrainer`
+    from an ``optim_wrapper`` config with one entry per part (the discriminator entry is used only
+    when the model has one).
+    """
 
     def __init__(self, optim_wrapper_cfg: dict, paramwise_cfg: Optional[dict] = None) -> None:
         if paramwise_cfg:
@@ -61,6 +66,7 @@ class VQOptimWrapperConstructor:
         self.cfg = optim_wrapper_cfg
 
     def __call__(self, model: nn.Module) -> OptimWrapperDict:
+        """The ``generator`` and ``discriminator`` wrappers of ``model``'s parts."""
         from ..models.utils import unwrap_model
         model = unwrap_model(model)
         holder = nn.Module()

@@ -1,5 +1,7 @@
-"""pycocotools' per-image matching (``COCOeval.evaluateImg``) as one compiled loop over every
-(image, category) pair of a cell (numba, cached on disk).
+"""pycocotools' per-image matching as one compiled loop.
+
+pycocotools' per-image matching (``COCOeval.evaluateImg``) as one compiled loop over every (image,
+category) pair of a cell (numba, cached on disk).
 
 It performs pycocotools' greedy matching with its rules: ground truth sorted by its ignore flag
 (stable), a detection takes the free ground truth of highest IoU at or above the threshold (ties
@@ -21,11 +23,18 @@ def match_pairs(g_off: np.ndarray, d_off: np.ndarray, iou_off: np.ndarray, ious:
     """Match every pair's detections (sorted by score, truncated) to its ground truth.
 
     Args:
-        g_off, d_off: (P + 1,) offsets of each pair's ground truth / detections in the flat
-            arrays; iou_off: (P + 1,) offsets of each pair's D x G IoU matrix (row-major) in
-            ``ious`` (an empty matrix when the pair lacks either side).
-        g_area, g_crowd, g_id: per ground truth; d_area, d_id: per detection.
-        area_rng: (A, 2) area ranges; thrs: (T,) IoU thresholds.
+        g_off: (P + 1,) offsets of each pair's ground truth in the flat arrays.
+        d_off: (P + 1,) offsets of each pair's detections in the flat arrays.
+        iou_off: (P + 1,) offsets of each pair's D x G IoU matrix (row-major) in ``ious`` (an
+            empty matrix when the pair lacks either side).
+        ious: the IoU matrices, flat.
+        g_area: area per ground truth.
+        g_crowd: crowd flag per ground truth.
+        g_id: id per ground truth.
+        d_area: area per detection.
+        d_id: id per detection.
+        area_rng: (A, 2) area ranges.
+        thrs: (T,) IoU thresholds.
 
     Returns:
         ``matched`` and ``ignored`` (A, T, total detections) as pycocotools' ``dtMatches != 0``

@@ -66,13 +66,18 @@ RANDOM_START = {'fgsm': False, 'pgd': True, 'segpgd': True, 'cospgd': True}
 
 
 class AttackError(UsageError):
-    """An attack that cannot run as asked: its name, budget, settings, or a model or test
-    pipeline it does not apply to (exit status 2)."""
+    """An attack that cannot run as asked.
+
+    Its name, budget, settings, or a model or test pipeline it does not apply to (exit status 2).
+    """
 
 
 class AttackLossError(MMRobustError, RuntimeError):
-    """The model's training loss, which the detector's attack ascends, failed on the test data
-    (exit status 1): the message says what the loss needs; ``--debug`` shows where it failed."""
+    """The training loss the detector's attack ascends failed on the test data.
+
+    The model's training loss, which the detector's attack ascends, failed on the test data (exit
+    status 1): the message says what the loss needs; ``--debug`` shows where it failed.
+    """
 
 
 def parse_epsilon(value: Union[str, float, int]) -> float:
@@ -145,10 +150,12 @@ class Attack:
 
     @property
     def label(self) -> str:
+        """The attack's cell name, ``<attack>_<norm>``."""
         return f'{self.name}_{self.norm}'
 
     @property
     def alpha(self) -> float:
+        """The step size: as set, else eps for FGSM and 2.5 eps / steps for PGD."""
         if self.step_size is not None:
             return float(self.step_size)
         return self.eps if self.name == 'fgsm' else 2.5 * self.eps / self.steps
@@ -167,9 +174,11 @@ class Attack:
 
 @dataclass
 class AttackResult:
-    """The attacked batch and what the attack saw, averaged over its images: the loss it
-    ascended at each step and the final loss (for segmentors the plain cross-entropy) of each
-    image's kept restart."""
+    """The attacked batch and what the attack saw, averaged over its images.
+
+    The loss it ascended at each step and the final loss (for segmentors the plain cross-entropy) of
+    each image's kept restart.
+    """
     data: dict
     step_losses: List[float] = field(default_factory=list)
     final_loss: Optional[float] = None
@@ -196,8 +205,11 @@ def _check_ground_truth(model: nn.Module, samples: Optional[Sequence]) -> None:
 
 
 def _gt_at_input_scale(samples: Sequence) -> List:
-    """Copies of detection samples whose ground truth, loaded at the file's scale (mmdet's test
-    pipelines load annotations after Resize), is brought to the network input's scale."""
+    """Detection samples with their ground truth rescaled to the input's scale.
+
+    Copies of detection samples whose ground truth, loaded at the file's scale (mmdet's test
+    pipelines load annotations after Resize), is brought to the network input's scale.
+    """
     out = []
     for sample in samples:
         sample = copy.deepcopy(sample)  # NOTE: clone() shares the boxes, rescaled in place
@@ -221,8 +233,11 @@ def _gt_at_input_scale(samples: Sequence) -> List:
 
 
 def _slide_windows(test_cfg: Mapping, height: int, width: int) -> List[Tuple[int, int, int, int]]:
-    """mmseg's slide windows ``(y1, y2, x1, x2)``: every ``stride``, the last flush with the
-    edge, no window larger than the image (``EncoderDecoder.slide_inference``)."""
+    """mmseg's slide windows ``(y1, y2, x1, x2)``.
+
+    Every ``stride``, the last flush with the edge, no window larger than the image
+    (``EncoderDecoder.slide_inference``).
+    """
     (h_stride, w_stride), (h_crop, w_crop) = test_cfg['stride'], test_cfg['crop_size']
     rows = max(height - h_crop + h_stride - 1, 0) // h_stride + 1
     cols = max(width - w_crop + w_stride - 1, 0) // w_stride + 1
@@ -241,7 +256,8 @@ class _SlideLogits(torch.autograd.Function):
     pass: more memory than the whole image (the windows overlap). Here the forward pass runs
     without a graph, and the backward pass runs each window again and sends back its share of
     the output gradient (divided by the overlap count, as the average does): the same
-    gradient, at the peak memory of one window, for one more forward pass per window."""
+    gradient, at the peak memory of one window, for one more forward pass per window.
+    """
 
     @staticmethod
     def forward(ctx, inputs: torch.Tensor, model: nn.Module, metas: List[dict]) -> torch.Tensor:
@@ -272,10 +288,12 @@ class _SlideLogits(torch.autograd.Function):
 
 def _scored_logits(model: nn.Module, inputs: torch.Tensor, samples: Sequence
                    ) -> List[torch.Tensor]:
-    """Each image's (1, C, H, W) class scores as the config's predictor scores them: mmseg's
-    ``model.inference`` (slide windows or the whole image, as ``test_cfg`` says), the padding
-    cropped, a test-time flip undone and resized to the label's size, as
-    ``postprocess_result`` does before the metric takes the argmax."""
+    """Each image's (1, C, H, W) class scores as the config's predictor scores them.
+
+    mmseg's ``model.inference`` (slide windows or the whole image, as ``test_cfg`` says), the
+    padding cropped, a test-time flip undone and resized to the label's size, as
+    ``postprocess_result`` does before the metric takes the argmax.
+    """
     if not callable(getattr(model, 'inference', None)):
         raise AttackError(f'{type(model).__name__} has no inference(inputs, img_metas): the '
                           'attacks differentiate the predictor that is scored, an mmseg '
@@ -303,8 +321,10 @@ def _scored_logits(model: nn.Module, inputs: torch.Tensor, samples: Sequence
 
 def _per_pixel_ce(model: nn.Module, inputs: torch.Tensor, samples: Sequence
                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(per-pixel cross-entropy, logits, labels) of the scored predictor at the labels'
-    resolution (one image: the attacks run per image); ignored pixels have label -1, loss 0."""
+    """(per-pixel cross-entropy, logits, labels) of the scored predictor at the labels' resolution.
+
+    One image: the attacks run per image. Ignored pixels have label -1, loss 0.
+    """
     ignore = getattr(model.decode_head, 'ignore_index', 255)
     losses, kept_logits, labels = [], [], []
     for sample, part in zip(samples, _scored_logits(model, inputs, samples)):
@@ -318,9 +338,11 @@ def _per_pixel_ce(model: nn.Module, inputs: torch.Tensor, samples: Sequence
 
 def _seg_loss(name: str, model: nn.Module, inputs: torch.Tensor, samples: Sequence,
               step: Optional[int], steps: int) -> torch.Tensor:
-    """The mean per-pixel cross-entropy of the scored predictor over the labelled pixels:
-    plain (FGSM, PGD, and every attack's final loss: ``step`` None), or weighted per pixel by
-    SegPGD's or CosPGD's rule at iteration ``step`` (from 0) of ``steps``."""
+    """The mean per-pixel cross-entropy of the scored predictor over the labelled pixels.
+
+    Plain (FGSM, PGD, and every attack's final loss: ``step`` None), or weighted per pixel by
+    SegPGD's or CosPGD's rule at iteration ``step`` (from 0) of ``steps``.
+    """
     ce, logits, labels = _per_pixel_ce(model, inputs, samples)
     valid = labels >= 0
     count = valid.sum().clamp_min(1)
@@ -352,17 +374,21 @@ def _task_loss(model: nn.Module, inputs: torch.Tensor, samples: Sequence) -> tor
 
 def _objective(attack: 'Attack', model: nn.Module, inputs: torch.Tensor, samples: Sequence,
                step: Optional[int]) -> torch.Tensor:
-    """The loss ``attack`` ascends at iteration ``step`` (None: the final loss, by which
-    restarts are compared): for segmentors the scored predictor's per-pixel cross-entropy
-    (SegPGD / CosPGD weighted), for detectors their training loss."""
+    """The loss ``attack`` ascends at iteration ``step``.
+
+    None: the final loss, by which restarts are compared. For segmentors the scored predictor's
+    per-pixel cross-entropy (SegPGD / CosPGD weighted), for detectors their training loss.
+    """
     if _is_segmentor(model):
         return _seg_loss(attack.name, model, inputs, samples, step, attack.steps)
     return _task_loss(model, inputs, samples)
 
 
 def _loss_samples(model: nn.Module, samples: Sequence, gt_at_file_scale: bool) -> Sequence:
-    """The samples the loss sees: checked for ground truth, detection boxes and masks at the
-    input's scale (on a copy)."""
+    """The samples the loss sees.
+
+    Checked for ground truth, detection boxes and masks at the input's scale (on a copy).
+    """
     _check_ground_truth(model, samples)
     if gt_at_file_scale and not _is_segmentor(model):
         return _gt_at_input_scale(samples)
@@ -382,8 +408,10 @@ def _seed(attack: Attack, key: str, *parts: int) -> int:
 
 @contextmanager
 def _seeded(seed: int, device: torch.device) -> Iterator[None]:
-    """Torch's random state seeded within the block, restored after (the proposal samplers of
-    two-stage detectors draw from it inside the loss)."""
+    """torch's random state seeded within the block.
+
+    Restored after (the proposal samplers of two-stage detectors draw from it inside the loss).
+    """
     devices = [device] if device.type == 'cuda' else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
@@ -392,9 +420,11 @@ def _seeded(seed: int, device: torch.device) -> Iterator[None]:
 
 @dataclass
 class _Image:
-    """One image of a batch as it would be alone: its input cropped to the shape the data
-    preprocessor gives it alone (mmdet's per-image ``pad_shape``), and its samples (the
-    metric's and the loss's) saying so."""
+    """One image of a batch as it would be alone.
+
+    Its input cropped to the shape the data preprocessor gives it alone (mmdet's per-image
+    ``pad_shape``), and its samples (the metric's and the loss's) saying so.
+    """
     index: int
     key: str
     inputs: torch.Tensor
@@ -424,8 +454,11 @@ def _images(x: torch.Tensor, samples: Sequence, loss_samples: Sequence) -> List[
 
 def _attack_image(module: nn.Module, image: _Image, attack: Attack, space: PixelSpace
                   ) -> Tuple[torch.Tensor, List[float], float, int]:
-    """(attacked input, step losses, final loss, steps without a finite gradient) of one
-    image alone, the best of its restarts."""
+    """The attack on one image alone, the best of its restarts.
+
+    (attacked input, step losses, final loss, steps without a finite gradient) of one image alone,
+    the best of its restarts.
+    """
     x = image.inputs
     mask = valid_mask([image.sample], tuple(x.shape), x.device)
     x0 = space.to_pixels(x).detach()
@@ -475,11 +508,13 @@ def attack_batch(model: nn.Module, data: dict, attack: Attack,
     Args:
         model: the detector or segmentor (a DDP wrapper is unwrapped); eval mode is used and
             the model is left as it was.
+        data: the preprocessed batch (``inputs``, ``data_samples``).
         attack: the setting; ``eps == 0`` returns ``data`` itself (the clean images, exactly).
         space: the model's pixel space (default: from its data preprocessor).
         gt_at_file_scale: detection ground truth was loaded at the file's scale (after
             ``Resize``, as mmdet's test pipelines do) and is rescaled to the input's for the
             loss; the batch returned keeps the samples as they were.
+        pixel_max: the largest pixel value of the images (255 for 8-bit).
 
     Raises:
         AttackError: a segmentation-only attack on a detector, or test data without ground
@@ -512,10 +547,12 @@ def attack_batch(model: nn.Module, data: dict, attack: Attack,
 
 def attack_loss(model: nn.Module, data: dict, attack: Attack, gt_at_file_scale: bool = False
                 ) -> float:
-    """The loss ``attack`` ascends (its final form: the training loss, or the scored
-    predictor's plain per-pixel cross-entropy for segmentors) at ``data``'s images, each alone
-    and seeded as the attack seeds it, averaged over the images (as
-    :attr:`AttackResult.final_loss`)."""
+    """The final loss ``attack`` ascends at ``data``'s images, averaged.
+
+    The loss ``attack`` ascends (its final form: the training loss, or the scored predictor's plain
+    per-pixel cross-entropy for segmentors) at ``data``'s images, each alone and seeded as the
+    attack seeds it, averaged over the images (as :attr:`AttackResult.final_loss`).
+    """
     module = unwrap_model(model)
     x, samples = data['inputs'], data['data_samples']
     attack.check_model(module)
@@ -534,10 +571,12 @@ def attack_loss(model: nn.Module, data: dict, attack: Attack, gt_at_file_scale: 
 def attack_plan(names: Sequence[str], epsilons: Sequence[Union[str, float]], steps: int = 10,
                 step_size: Optional[float] = None, random_start: Optional[bool] = None,
                 restarts: int = 1, seed: int = 0) -> Dict[str, Dict]:
-    """The attack cells of an evaluation, as recorded in its results identity: ``{attack:
-    {'epsilons': [...], 'settings': {...}}}``; cell ``(attack, k)`` is the k-th epsilon (from 1).
-    Every attack is built here once, so a bad name or setting stops before any inference; the
-    settings recorded are resolved (``random_start`` None becomes each family's default)."""
+    """The attack cells of an evaluation, as recorded in its results identity.
+
+    ``{attack: {'epsilons': [...], 'settings': {...}}}``; cell ``(attack, k)`` is the k-th epsilon
+    (from 1). Every attack is built here once, so a bad name or setting stops before any inference;
+    the settings recorded are resolved (``random_start`` None becomes each family's default).
+    """
     if not names:
         return {}
     values = [parse_epsilon(e) for e in epsilons or ()]
@@ -557,11 +596,13 @@ def attack_plan(names: Sequence[str], epsilons: Sequence[Union[str, float]], ste
 
 
 def attack_cells(plan: Mapping[str, Dict]) -> List[Tuple[str, int]]:
+    """Every attack cell ``(name, k)`` of an attack plan, k from 1."""
     return [(name, k) for name, entry in plan.items()
             for k in range(1, len(entry['epsilons']) + 1)]
 
 
 def attack_of_cell(plan: Mapping[str, Dict], name: str, index: int) -> Attack:
+    """The :class:`Attack` of the plan's cell ``(name, index)``."""
     entry = plan[name]
     return Attack.from_name(name, entry['epsilons'][index - 1], **entry['settings'])
 

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from mmengine.dist import collect_results, get_dist_info
 from mmengine.evaluator.metric import _to_cpu
 from mmengine.logging import print_log
+from typing_extensions import override
 
 from ..utils.errors import ConfigError, MMRobustError, shareable
 from ..utils.io import TMP_MARK, atomic_write
@@ -37,9 +38,11 @@ DELAY_ENV = 'MMROBUST_METRIC_WORKER_DELAY_S'
 
 
 class MetricWorkerError(MMRobustError, RuntimeError):
-    """The metric worker died, or its metric failed, while computing a cell: the message says
-    where the cell's predictions are kept and that a rerun resumes from them (exit status 1;
-    ``--debug`` shows the worker's error's traceback)."""
+    """The metric worker died, or its metric failed, while computing a cell.
+
+    The message says where the cell's predictions are kept and that a rerun resumes from them (exit
+    status 1; ``--debug`` shows the worker's error's traceback).
+    """
 
 
 class MetricClassError(ConfigError):
@@ -59,6 +62,7 @@ class InferenceLoop(OverlappedTestLoop):
     evaluator, in order; ``None`` on the other ranks.
     """
 
+    @override
     def run(self) -> Optional[List[list]]:  # type: ignore[override]
         self.runner.call_hook('before_test')
         self.runner.call_hook('before_test_epoch')
@@ -94,12 +98,15 @@ def gather_parts(metric: Any, size: int) -> Optional[list]:
 # -- the predictions of a cell on disk -------------------------------------------------------------
 
 def predictions_dir(results_path: str) -> str:
-    """``<results stem>_predictions/`` next to the results file: the cells whose metrics are
-    not recorded yet."""
+    """``<results stem>_predictions/`` next to the results file.
+
+    The cells whose metrics are not recorded yet.
+    """
     return ResultsLayout(results_path).predictions
 
 
 def predictions_path(folder: str, corruption: str, severity: int) -> str:
+    """Where a cell's predictions file lives in ``folder``."""
     return ResultsLayout.cell_file(folder, corruption, severity, 'pkl')
 
 
@@ -130,9 +137,12 @@ class PredictionsPicklingError(pickle.PicklingError):
 
 
 class _PredictionsPickler(pickle.Pickler):
-    """Pickles tensors as numpy arrays (by persistent id): a predictions file needs no torch
-    storage unpickling, which runs ``torch.load`` on bytes from the file. Any other object
-    must be one the loader accepts, checked here, before the file is written."""
+    """Pickles tensors as numpy arrays (by persistent id).
+
+    A predictions file needs no torch storage unpickling, which runs ``torch.load`` on bytes from
+    the file. Any other object must be one the loader accepts, checked here, before the file is
+    written.
+    """
 
     def persistent_id(self, obj: Any) -> Any:
         import torch
@@ -160,8 +170,11 @@ class _PredictionsPickler(pickle.Pickler):
 
 
 class _PredictionsUnpickler(pickle.Unpickler):
-    """Loads a predictions file's payload: the allow-listed globals only (anything else is an
-    ``UnpicklingError`` that names it), tensors from their arrays."""
+    """Loads a predictions file's payload.
+
+    The allow-listed globals only (anything else is an ``UnpicklingError`` that names it), tensors
+    from their arrays.
+    """
 
     def find_class(self, module: str, name: str) -> Any:
         found = _allowed(module, name)
@@ -185,8 +198,10 @@ class _PredictionsUnpickler(pickle.Unpickler):
 def save_cell_predictions(path: str, identity_sha256: str, corruption: str, severity: int,
                           parts: Sequence[list], dataset_meta: Optional[Mapping],
                           timing: Mapping) -> None:
-    """Write a cell's gathered metric inputs atomically (flushed to disk before it is used):
-    a one-line header (:func:`read_predictions_header`), then the payload."""
+    """Write a cell's gathered metric inputs atomically (flushed to disk before it is used).
+
+    A one-line header (:func:`read_predictions_header`), then the payload.
+    """
     header = {'format': PREDICTIONS_FORMAT, 'identity_sha256': identity_sha256,
               'cell': [corruption, int(severity)]}
     payload = {'parts': list(parts), 'dataset_meta': dict(dataset_meta or {}),
@@ -198,8 +213,9 @@ def save_cell_predictions(path: str, identity_sha256: str, corruption: str, seve
 
 
 def read_predictions_header(path: str) -> Dict[str, Any]:
-    """The header of a predictions file (format, identity fingerprint, cell), read without
-    unpickling anything.
+    """The header of a predictions file (format, identity fingerprint, cell).
+
+    Read without unpickling anything.
 
     Raises:
         ValueError: not a predictions file of :data:`PREDICTIONS_FORMAT` (e.g. an earlier
@@ -218,8 +234,9 @@ def read_predictions_header(path: str) -> Dict[str, Any]:
 
 
 def load_cell_predictions(path: str) -> Dict:
-    """A predictions file this package wrote, as a dict (the header's keys and the payload's),
-    loaded by a restricted unpickler.
+    """A predictions file this package wrote, as a dict (the header's keys and the payload's).
+
+    Loaded by a restricted unpickler.
 
     Raises:
         ValueError: not a predictions file of :data:`PREDICTIONS_FORMAT`.
@@ -238,10 +255,12 @@ def load_cell_predictions(path: str) -> Dict:
 def saved_cells(folder: str, identity_sha256: str,
                 planned: Optional[Sequence[Tuple[str, int]]] = None
                 ) -> Tuple[Dict[Tuple[str, int], str], List[str]]:
-    """The predictions files in ``folder``, from their headers alone: ``({(corruption,
-    severity): path}, unused)``, where ``unused`` lists files that must not be used: of another
-    evaluation, unreadable, or of a cell that is not in ``planned`` (orphans); the log says why
-    for each."""
+    """The predictions files in ``folder``, from their headers alone.
+
+    ``({(corruption, severity): path}, unused)``, where ``unused`` lists files that must not be
+    used: of another evaluation, unreadable, or of a cell that is not in ``planned`` (orphans); the
+    log says why for each.
+    """
     found: Dict[Tuple[str, int], str] = {}
     unused: List[str] = []
     if not osp.isdir(folder):
@@ -292,9 +311,11 @@ def _metric(cfg: Mapping, scope: Optional[str]) -> Any:
 
 def compute_metrics(metrics: Sequence[Any], parts: Sequence[list],
                     dataset_meta: Optional[Mapping] = None) -> Dict[str, Any]:
-    """The metrics of one cell from its gathered results (one list per metric), named as
-    ``Evaluator.evaluate`` names them (with each metric's ``prefix``); metrics asked for
-    per-image statistics put their blocks under :data:`~.per_image.PER_IMAGE_KEY`."""
+    """The metrics of one cell from its gathered results (one list per metric).
+
+    Named as ``Evaluator.evaluate`` names them (with each metric's ``prefix``); metrics asked for
+    per-image statistics put their blocks under :data:`~.per_image.PER_IMAGE_KEY`.
+    """
     from .per_image import PER_IMAGE_KEY
     out: Dict[str, Any] = {}
     blocks: List[Dict[str, Any]] = []
@@ -319,9 +340,12 @@ def compute_metrics(metrics: Sequence[Any], parts: Sequence[list],
 
 def _compute_file(path: str, metric_cfgs: Sequence[Mapping], scope: Optional[str],
                   stats: Optional[Any] = None) -> Tuple[Dict[str, Any], float, Dict[str, Any]]:
-    """The worker's task: a cell's metrics from its predictions file, the seconds it took and
-    the timing of the cell's inference saved with the predictions; the per-image statistics
-    go to ``stats`` (a :class:`~.per_image.StatsTarget`) here, off the inference loop."""
+    """The worker's task: a cell's metrics from its predictions file.
+
+    The seconds it took and the timing of the cell's inference saved with the predictions; the
+    per-image statistics go to ``stats`` (a :class:`~.per_image.StatsTarget`) here, off the
+    inference loop.
+    """
     delay = float(os.environ.get(DELAY_ENV) or 0)
     if delay:
         time.sleep(delay)
@@ -340,8 +364,10 @@ class WorkerDiedError(RuntimeError):
 
 
 def _worker_main(conn: Any, scope: Optional[str], imports: Sequence[str]) -> None:
-    """The metric worker's loop: import what the metrics need, then compute the cells it is
-    sent, in order, sending back ``(seq, ok, result or error)``; ``None`` ends it."""
+    """The metric worker's loop: import what the metrics need, then compute the cells it is sent.
+
+    In order, sending back ``(seq, ok, result or error)``; ``None`` ends it.
+    """
     import importlib
     try:
         import mmrobust  # noqa: F401  (registers mmrobust's metrics in a fresh worker)
@@ -409,6 +435,7 @@ class MetricWorker:
 
     def submit(self, path: str, metric_cfgs: Sequence[Mapping], stats: Optional[Any] = None
                ) -> _Job:
+        """Queue a cell's predictions file for its metrics."""
         if self._broken is not None:
             raise WorkerDiedError(self._broken)
         if self._proc is None:
@@ -473,9 +500,10 @@ class MetricWorker:
 
 def worker_imports(evaluator_cfg: Any, custom_imports: Optional[Mapping], scope: Optional[str]
                    ) -> List[str]:
-    """What the metric worker imports before building the metrics: the config's
-    ``custom_imports`` and the module of each metric's class (found here, where the config's
-    imports ran).
+    """What the metric worker imports before building the metrics.
+
+    The config's ``custom_imports`` and the module of each metric's class (found here, where the
+    config's imports ran).
 
     Raises:
         MetricClassError: a metric's class lives where a fresh process cannot import it (a

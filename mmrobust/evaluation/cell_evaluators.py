@@ -1,6 +1,9 @@
-"""Each cell's evaluator config: the config's own, its COCO backend chosen, mmseg's IoU counted
-by :class:`~.seg_metric.FastIoUMetric`, per-image statistics on, and every output (a metric's
-files, the predictions dump) made the cell's own."""
+"""Each cell's evaluator config.
+
+The config's own, its COCO backend chosen, mmseg's IoU counted by
+:class:`~.seg_metric.FastIoUMetric`, per-image statistics on, and every output (a metric's files,
+the predictions dump) made the cell's own.
+"""
 import copy
 import os.path as osp
 from dataclasses import dataclass
@@ -34,10 +37,11 @@ def _type_name(entry: Dict) -> str:
 
 
 def side_file_metrics(evaluator_cfg: Any) -> Optional[str]:
-    """Why the cells need a dataloader each (None: they do not): a metric that writes files
-    in ``process()`` (``output_dir``, or a type of :data:`FILE_WRITING_METRICS`) must write
-    each cell's into the cell's own folder (:func:`cell_metric_outputs`), and one evaluator
-    serves every cell of the one-pass loop.
+    """Why the cells need a dataloader each (None: they do not).
+
+    A metric that writes files in ``process()`` (``output_dir``, or a type of
+    :data:`FILE_WRITING_METRICS`) must write each cell's into the cell's own folder
+    (:func:`cell_metric_outputs`), and one evaluator serves every cell of the one-pass loop.
 
     Raises:
         ConfigError: a metric is ``format_only`` (it writes files for a test server and gives
@@ -60,9 +64,12 @@ def side_file_metrics(evaluator_cfg: Any) -> Optional[str]:
 
 
 def cell_metric_outputs(evaluator_cfg: Any, cell: Tuple[str, int]) -> Any:
-    """The evaluator config with every metric's output (``outfile_prefix``, ``output_dir``)
-    made the cell's own (in place): ``<prefix>_<corruption>_<severity>`` and
-    ``<output_dir>/<corruption>_<severity>``, so no cell reads or overwrites another's."""
+    """The evaluator config with every metric's output made the cell's own.
+
+    The evaluator config with every metric's output (``outfile_prefix``, ``output_dir``) made the
+    cell's own (in place): ``<prefix>_<corruption>_<severity>`` and
+    ``<output_dir>/<corruption>_<severity>``, so no cell reads or overwrites another's.
+    """
     for entry in metric_entries(evaluator_cfg):
         if entry.get('outfile_prefix'):
             entry['outfile_prefix'] = f'{entry["outfile_prefix"]}_{cell[0]}_{cell[1]}'
@@ -80,8 +87,9 @@ def _mask_loads(cfg: Config) -> List[Dict]:
 
 
 def without_unread_gt_masks(cfg: Config, evaluator_cfg: Any) -> Tuple[Config, Optional[str]]:
-    """The config whose test pipeline does not decode ground-truth masks when no metric reads
-    them, and what was decided (None: the pipeline decodes none).
+    """The config whose test pipeline does not decode ground-truth masks when no metric reads them.
+
+    And what was decided (None: the pipeline decodes none).
 
     A COCO metric with an ``ann_file`` scores against the file, never against the decoded
     bitmaps (N x H x W per image, rasterised in the dataloader workers and sent to the loop:
@@ -103,9 +111,12 @@ def without_unread_gt_masks(cfg: Config, evaluator_cfg: Any) -> Tuple[Config, Op
 
 @dataclass
 class CellEvaluators:
-    """Each cell's evaluator config: the config's, its COCO backend chosen, FastIoU for IoU,
-    per-image statistics on, its outputs made the cell's own, and the predictions dump; a
-    detection shift cell's COCO metrics score against its set's annotation file."""
+    """Each cell's evaluator config.
+
+    The config's, its COCO backend chosen, FastIoU for IoU, per-image statistics on, its outputs
+    made the cell's own, and the predictions dump; a detection shift cell's COCO metrics score
+    against its set's annotation file.
+    """
     evaluator: Any
     backends: List[str]
     save_predictions: Optional[str]
@@ -113,6 +124,7 @@ class CellEvaluators:
 
     @classmethod
     def build(cls, cfg: Config, opts: Any) -> 'CellEvaluators':
+        """The cells' evaluators of ``cfg`` with the run's options (backend chosen here)."""
         # NOTE: an unknown or missing backend stops here, before any inference
         evaluator, backends = select_coco_backend(copy.deepcopy(cfg.test_evaluator),
                                                   opts.coco_backend, DEFAULT_ROBUSTNESS_BACKEND)

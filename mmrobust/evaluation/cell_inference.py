@@ -1,6 +1,8 @@
-"""Each cell's inference: a dataloader per cell, or one for every cell (:mod:`.one_pass`), the
-attack cells attacked in the model's data preprocessor; each yields ``(cell, gathered
-results, the loop's metrics, dataset_meta, timing)`` for rank 0's metric queue."""
+"""Each cell's inference: a dataloader per cell, or one for every cell (:mod:`.one_pass`).
+
+The attack cells attacked in the model's data preprocessor; each yields ``(cell, gathered results,
+the loop's metrics, dataset_meta, timing)`` for rank 0's metric queue.
+"""
 import time
 from contextlib import ExitStack, contextmanager
 from typing import Any, Dict, Iterator, List, Optional
@@ -47,13 +49,14 @@ def per_cell_cells(runner, cfg: Config, cells: List[Cell], metric_cfgs, seed: in
                     post_process_queue: int = DEFAULT_POST_PROCESS_QUEUE,
                     prefetch: int = DEFAULT_PREFETCH,
                     shift_roots: Optional[Dict[str, str]] = None):
-    """Each cell's inference with its own dataloader (the dataset rebuilt per cell): yields
-    ``(cell, gathered results or None, the loop's metrics, dataset_meta, timing)``. Attack
+    """Each cell's inference with its own dataloader (the dataset rebuilt per cell).
+
+    Yields ``(cell, gathered results or None, the loop's metrics, dataset_meta, timing)``. Attack
     cells (of ``attacks``) read the clean images and attack them in the data preprocessor;
-    real-world shift cells read their set (``shift_roots``: its family's root, else the
-    default).
-    ``post_process_queue``, ``prefetch``: of :class:`~.overlapped_loop.OverlappedTestLoop`
-    (attack cells preprocess in the loop: their preprocessor attacks with the model)."""
+    real-world shift cells read their set (``shift_roots``: its family's root, else the default).
+    ``post_process_queue``, ``prefetch``: of :class:`~.overlapped_loop.OverlappedTestLoop` (attack
+    cells preprocess in the loop: their preprocessor attacks with the model).
+    """
     if corrupted_root:  # NOTE: every sample's stored path, before the first cell's inference
         check_stored_leaves(cfg, corrupted_root, cells)
     counted = False
@@ -113,8 +116,10 @@ def one_pass_cells(runner, cfg: Config, cells: List[Cell], evaluator_cfg: Any,
                     seed: int, bgr_compat: bool, corrupted_root: Optional[str],
                     progress_bar: Progress, post_process_queue: int = DEFAULT_POST_PROCESS_QUEUE,
                     prefetch: int = DEFAULT_PREFETCH):
-    """Every cell's inference from one dataloader (:mod:`.one_pass`), the evaluator built once;
-    yields as :func:`per_cell_cells`. Raises ``OnePassUnsupported`` before any inference."""
+    """Every cell's inference from one dataloader (:mod:`.one_pass`), the evaluator built once.
+
+    Yields as :func:`per_cell_cells`. Raises ``OnePassUnsupported`` before any inference.
+    """
     loader, per_cell = one_pass_loader(runner, cfg, cells, seed, bgr_compat, corrupted_root)
     images = loader.dataset.images
     _, world = get_dist_info()
@@ -134,9 +139,11 @@ def _batch_size(item: Any) -> int:
 
 def _iterate_one_pass(runner, loop, cells, per_cell: int, images: int, world: int,
                       progress_bar: Progress):
-    """Cell by cell: this rank's ``per_cell`` batches of the cell, then every metric's gather,
-    on every rank, even one without a batch of the cell (``round_up=False`` with fewer images
-    than ranks, ``drop_last``): the gather is a collective."""
+    """Cell by cell: this rank's ``per_cell`` batches of the cell, then every metric's gather.
+
+    On every rank, even one without a batch of the cell (``round_up=False`` with fewer images than
+    ranks, ``drop_last``): the gather is a collective.
+    """
     runner.call_hook('before_test')
     runner.call_hook('before_test_epoch')
     runner.model.eval()

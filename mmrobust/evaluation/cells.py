@@ -41,18 +41,24 @@ WORST = 'worst'
 
 
 def attack_names() -> List[str]:
+    """Every attack cell name, ``<attack>_<norm>``."""
     return [f'{a}_{n}' for a in ATTACKS for n in NORMS]
 
 
 def is_corruption_cell(name: str) -> bool:
-    """Whether a results cell is a corruption's: what mPC averages over (not the clean set, an
-    attack's or a real-world shift's, :mod:`~mmrobust.datasets.shift_sets`)."""
+    """Whether a results cell is a corruption's.
+
+    What mPC averages over (not the clean set, an attack's or a real-world shift's,
+    :mod:`~mmrobust.datasets.shift_sets`).
+    """
     return name != CLEAN and not is_attack_cell(name) and not is_shift_cell(name)
 
 
 def is_attack_cell(name: str) -> bool:
-    """Whether a results cell is an attack's (``pgd_linf``, ..., and the per-image worst case
-    over them, :data:`WORST`), not a corruption's."""
+    """Whether a results cell is an attack's.
+
+    ``pgd_linf``, ..., and the per-image worst case over them, :data:`WORST`. Not a corruption's.
+    """
     return name in attack_names() or name == WORST
 
 
@@ -63,8 +69,10 @@ class PipelineError(MMRobustError, ValueError):
 # -- pipeline edits --------------------------------------------------------------------------------
 
 def transform_names(pipeline: Sequence) -> List[str]:
-    """The type names of a pipeline's transforms (configs, classes or instances), without
-    their scope (``mmdet.Resize`` → ``Resize``)."""
+    """The type names of a pipeline's transforms (configs, classes or instances).
+
+    Without their scope (``mmdet.Resize`` → ``Resize``).
+    """
     def kind(step) -> str:
         name = step.get('type', '') if isinstance(step, Mapping) else type(step).__name__
         return (name if isinstance(name, str) else getattr(name, '__name__', '')).split('.')[-1]
@@ -84,8 +92,11 @@ def find_loading_step(pipeline: List[Dict]) -> int:
 
 
 def annotations_after_resize(pipeline: Sequence) -> bool:
-    """Whether a test pipeline loads its annotations after resizing (mmdet's default: the
-    ground truth stays at the file's scale for evaluation), by the transforms' type names."""
+    """Whether a test pipeline loads its annotations after resizing.
+
+    mmdet's default: the ground truth stays at the file's scale for evaluation. By the transforms'
+    type names.
+    """
     kinds = transform_names(pipeline)
     loads = [i for i, k in enumerate(kinds) if k.startswith('LoadAnnotations')]
     resizes = [i for i, k in enumerate(kinds) if 'Resize' in k]
@@ -93,8 +104,10 @@ def annotations_after_resize(pipeline: Sequence) -> bool:
 
 
 def gt_at_file_scale(cfg: Config) -> bool:
-    """Whether a config's test pipelines load the ground truth after resizing (pass it as
-    :func:`~.attacks.attack_batch`'s ``gt_at_file_scale``)."""
+    """Whether a config's test pipelines load the ground truth after resizing.
+
+    Pass it as :func:`~.attacks.attack_batch`'s ``gt_at_file_scale``.
+    """
     return any(annotations_after_resize(list(d.get('pipeline', [])))
                for d in leaf_datasets(cfg.test_dataloader['dataset']))
 
@@ -103,8 +116,11 @@ def gt_at_file_scale(cfg: Config) -> bool:
 
 @dataclass(frozen=True)
 class CellSource:
-    """Corrupted on the fly (``corrupted_root`` None: from ``seed``, ``bgr_compat`` the channel
-    order imagecorruptions is fed), or read from the stored set under ``corrupted_root``."""
+    """The source of a corrupted cell: on the fly, or a stored set.
+
+    Corrupted on the fly (``corrupted_root`` None: from ``seed``, ``bgr_compat`` the channel order
+    imagecorruptions is fed), or read from the stored set under ``corrupted_root``.
+    """
     seed: int = 0
     bgr_compat: bool = False
     corrupted_root: Optional[str] = None
@@ -130,8 +146,11 @@ class CellSource:
 
     def insert_step(self, pipeline: List, dataset: Mapping, corruption: str,
                     severity: int) -> List:
-        """``pipeline`` with the cell's step: a :class:`StoredCell` before the loading step
-        (it maps the sample's path, whatever formed it) or a :class:`Corrupt` right after."""
+        """``pipeline`` with the cell's step.
+
+        A :class:`StoredCell` before the loading step (it maps the sample's path, whatever formed
+        it) or a :class:`Corrupt` right after.
+        """
         pipeline = list(pipeline)
         at = find_loading_step(pipeline)
         if self.corrupted_root:
@@ -165,8 +184,10 @@ def cell_dataloader(cfg: Config, corruption: Optional[str], severity: int, seed:
 
 
 def shift_dataloader(cfg: Config, cell: Cell, roots: Optional[Mapping[str, str]]) -> ConfigDict:
-    """The test dataloader config of a real-world shift cell: the config's test dataset (its
-    pipeline and metainfo) pointed at the shift set's images and labels.
+    """The test dataloader config of a real-world shift cell.
+
+    The config's test dataset (its pipeline and metainfo) pointed at the shift set's images and
+    labels.
 
     Raises:
         UsageError: the test dataset is several datasets (a shift replaces one).
@@ -186,8 +207,9 @@ def shift_dataloader(cfg: Config, cell: Cell, roots: Optional[Mapping[str, str]]
 
 def check_stored_paths(dataset: Any, data_root: Optional[str], corrupted_root: str,
                        cells: List[Cell]) -> None:
-    """Refuse, before any inference, a stored set that cannot serve every sample of a built
-    dataset: a path that has no place in the set's layout, or a cell without its first image.
+    """Refuse, before any inference, a stored set that cannot serve every sample of a built dataset.
+
+    A path that has no place in the set's layout, or a cell without its first image.
 
     Raises:
         StoredSetError: a sample's image is not under ``data_root`` (says how to mend it).

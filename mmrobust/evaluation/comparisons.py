@@ -46,8 +46,11 @@ def holm(p_values: Sequence[float]) -> List[float]:
 
 
 def bootstrap_p(differences: np.ndarray) -> float:
-    """Two-sided bootstrap p-value of "no difference": twice the smaller share of replicated
-    differences on either side of 0 (NaN replicates left out), at most 1."""
+    """Two-sided bootstrap p-value of "no difference".
+
+    Twice the smaller share of replicated differences on either side of 0 (NaN replicates left out),
+    at most 1.
+    """
     d = np.asarray(differences, dtype=np.float64)
     d = d[~np.isnan(d)]
     if not d.size:
@@ -63,9 +66,12 @@ def per_corruption_differences(base: Mapping[Tuple[str, int], np.ndarray],
     """``{corruption: {difference, low, high, p, p_holm, significant}}`` of other minus base.
 
     Args:
-        base, other: ``{(corruption, severity): (R,)}`` cell replicates of one metric on the
-            same image draws (a cell of a corruption present in both).
-        base_points, other_points: each corruption's mean over severities (the point values).
+        base: ``{(corruption, severity): (R,)}`` cell replicates of one metric on image draws
+            shared with ``other`` (a cell of a corruption present in both).
+        other: the same of the model compared with ``base``.
+        base_points: each corruption's mean over severities (the point values) of ``base``.
+        other_points: the same of ``other``.
+        confidence: the level of the intervals (e.g. 0.95).
         alpha: the family-wise level of ``significant`` (Holm over the corruptions here).
     """
     corruptions = [c for c in dict.fromkeys(c for c, _ in base)
@@ -91,9 +97,12 @@ def recipe_corruption_differences(base: Sequence[Mapping], other: Sequence[Mappi
                                   base_points: Sequence[Mapping], other_points: Sequence[Mapping],
                                   name: str, confidence: float, alpha: float
                                   ) -> Dict[str, Dict[str, float]]:
-    """:func:`per_corruption_differences` of two recipes (lists of their seeds' replicate
-    summaries and point summaries, seeds averaged) for metric ``name``; empty where a seed
-    lacks the metric's cell replicates."""
+    """:func:`per_corruption_differences` of two recipes over their seeds.
+
+    :func:`per_corruption_differences` of two recipes (lists of their seeds' replicate summaries and
+    point summaries, seeds averaged) for metric ``name``; empty where a seed lacks the metric's cell
+    replicates.
+    """
     if not all(name in r and r[name].get('cells') for r in list(base) + list(other)):
         return {}
 
@@ -145,6 +154,7 @@ def effective_robustness(points: Mapping[str, Tuple[float, float]], baselines: S
         axis: ``'logit'`` (Taori et al.) or ``'linear'``.
         replicates: ``{label: (P_clean (R,), mPC (R,))}`` on shared image draws; where every
             baseline and a model have them, the model's ER gets an interval.
+        confidence: the level of the intervals.
 
     Returns:
         ``{'axis', 'baselines', 'slope', 'intercept', 'models': {label: {'P_clean', 'mPC',
@@ -198,12 +208,16 @@ def _er_replicates(label: str, baselines: Sequence[str],
 
 def seed_bootstrap_difference(base: Sequence[np.ndarray], other: Sequence[np.ndarray],
                               seed: int = 0) -> np.ndarray:
-    """Two-level replicates of other minus base: for each image replicate r, each recipe's
-    seeds drawn with replacement (as many as it has), their replicate r averaged.
+    """Two-level replicates of other minus base.
+
+    For each image replicate r, each recipe's seeds drawn with replacement (as many as it has),
+    their replicate r averaged.
 
     Args:
-        base, other: one ``(R,)`` array of replicates per seed of each recipe, on shared image
-            draws.
+        base: one ``(R,)`` array of replicates per seed of the base recipe, on image draws
+            shared with ``other``.
+        other: the same of the other recipe.
+        seed: the seed of the draws of seeds.
     """
     b, o = np.stack(base), np.stack(other)  # (seeds, R)
     rng = np.random.default_rng(seed)

@@ -14,6 +14,7 @@ from typing import Any, Dict, Sequence
 
 import numpy as np
 from mmengine.evaluator import DumpResults
+from typing_extensions import override
 
 from ..registry import METRICS
 
@@ -65,8 +66,11 @@ def compact_sample(sample: Dict[str, Any]) -> Dict[str, Any]:
 
 @METRICS.register_module()
 class DumpRobustPredictions(DumpResults):
-    """mmengine's ``DumpResults`` (same ``out_file_path``) keeping each sample compact
-    (:func:`compact_sample`)."""
+    """mmengine's ``DumpResults`` (same ``out_file_path``) keeping each sample compact.
 
+    :func:`compact_sample`.
+    """
+
+    @override
     def process(self, data_batch: Any, data_samples: Sequence[dict]) -> None:
         self.results.extend(compact_sample(sample) for sample in data_samples)

@@ -48,8 +48,10 @@ def _runs(mask: np.ndarray, row_any: np.ndarray) -> np.ndarray:
 
 
 def rle_strings(runs: Sequence[np.ndarray]) -> List[bytes]:
-    """COCO's compressed strings (``rleToString``) of several masks' run lengths, vectorized:
-    the 5-bit groups of every count at once, group by group while any count needs another."""
+    """COCO's compressed strings (``rleToString``) of several masks' run lengths, vectorized.
+
+    The 5-bit groups of every count at once, group by group while any count needs another.
+    """
     if not runs:
         return []
     lengths = np.fromiter((len(r) for r in runs), np.int64, len(runs))
@@ -79,8 +81,10 @@ def rle_strings(runs: Sequence[np.ndarray]) -> List[bytes]:
 
 
 def device_runs(masks: 'torch.Tensor') -> List[np.ndarray]:  # noqa: F821
-    """Column-major run lengths (zeros first, as pycocotools counts) of (N, H, W) masks,
-    computed on the masks' device; only the change points are copied to the host."""
+    """Column-major run lengths (zeros first, as pycocotools counts) of (N, H, W) masks.
+
+    Computed on the masks' device; only the change points are copied to the host.
+    """
     import torch
     n, h, w = masks.shape
     size = h * w
@@ -107,9 +111,11 @@ def device_runs(masks: 'torch.Tensor') -> List[np.ndarray]:  # noqa: F821
 
 
 def encode_masks(masks: Union[np.ndarray, 'torch.Tensor']) -> List[Dict]:  # noqa: F821
-    """``[{'size': [h, w], 'counts': bytes}]`` of (N, H, W) masks, as ``encode_mask_results``
-    gives them (nonzero = inside); masks on an accelerator are encoded there
-    (:func:`device_runs`)."""
+    """``[{'size': [h, w], 'counts': bytes}]`` of (N, H, W) masks.
+
+    As ``encode_mask_results`` gives them (nonzero = inside); masks on an accelerator are encoded
+    there (:func:`device_runs`).
+    """
     if not isinstance(masks, np.ndarray):
         if masks.device.type != 'cpu':
             _, h, w = masks.shape

@@ -55,9 +55,11 @@ def cell_label(cell: Cell) -> str:
 
 
 def in_thread(fn: Any, poll_s: float, *args: Any) -> Iterator[None]:
-    """``fn(*args)`` in a thread, yielding every ``poll_s`` until it ends; returns its value
-    (or raises its error). The thread has ended when this returns, so no dataloader forks
-    beside it."""
+    """``fn(*args)`` in a thread, yielding every ``poll_s`` until it ends.
+
+    Returns its value (or raises its error). The thread has ended when this returns, so no
+    dataloader forks beside it.
+    """
     outcome: Dict[str, Any] = {}
 
     def run() -> None:

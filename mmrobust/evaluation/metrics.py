@@ -22,8 +22,10 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def mean_over_corruptions(values: Mapping[Tuple[str, int], Any]) -> Any:
-    """mPC's estimator: the mean over corruptions of each corruption's mean over its severities
-    (``values[(corruption, severity)]``: numbers, or arrays of bootstrap replicates)."""
+    """MPC's estimator: the mean over corruptions of each corruption's mean over its severities.
+
+    ``values[(corruption, severity)]``: numbers, or arrays of bootstrap replicates.
+    """
     by_corruption: Dict[str, List[Any]] = {}
     for (corruption, _), value in values.items():
         by_corruption.setdefault(corruption, []).append(value)

@@ -24,13 +24,16 @@ __all__ = ['CellDataset', 'CellBatchSampler', 'OnePassUnsupported', 'one_pass_lo
 
 
 class OnePassUnsupported(Exception):
-    """The test dataloader cannot serve every cell from one dataset (the loop then builds one
-    per cell, and says why)."""
+    """The test dataloader cannot serve every cell from one dataset.
+
+    The loop then builds one per cell, and says why.
+    """
 
 
 class CellDataset(Dataset):
-    """Cells x images of one built dataset: index ``k * len(dataset) + i`` is image ``i`` of
-    ``cells[k]``.
+    """Cells x images of one built dataset.
+
+    Index ``k * len(dataset) + i`` is image ``i`` of ``cells[k]``.
 
     Args:
         dataset: the built test dataset (an mmengine ``BaseDataset``).
@@ -46,6 +49,7 @@ class CellDataset(Dataset):
 
     @property
     def metainfo(self) -> dict:
+        """The wrapped dataset's metainfo."""
         return self.dataset.metainfo
 
     def __len__(self) -> int:
@@ -71,8 +75,11 @@ class CellDataset(Dataset):
 
 
 class CellBatchSampler(Sampler):
-    """Every cell's batches in turn: a cell's batches are the batches of ``indices`` (what the
-    config's sampler gives this rank), offset to the cell; no batch holds two cells."""
+    """Every cell's batches in turn.
+
+    A cell's batches are the batches of ``indices`` (what the config's sampler gives this rank),
+    offset to the cell; no batch holds two cells.
+    """
 
     def __init__(self, indices: Sequence[int], cells: int, images: int, batch_size: int,
                  drop_last: bool = False) -> None:

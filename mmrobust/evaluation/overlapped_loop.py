@@ -33,6 +33,7 @@ from mmengine.model import BaseModel, MMDistributedDataParallel, is_model_wrappe
 from mmengine.runner import TestLoop
 from mmengine.runner.amp import autocast
 from mmengine.runner.loops import _update_losses
+from typing_extensions import override
 
 __all__ = ['DEFAULT_POST_PROCESS_QUEUE', 'DEFAULT_PREFETCH', 'BatchPrefetcher',
            'OverlappedTestLoop', 'PostProcessThread', 'split_test_step']
@@ -46,8 +47,9 @@ _STOP = object()
 
 
 class PostProcessThread:
-    """``evaluator.process(outputs, data_batch)`` of each submitted batch, in order, on one
-    background thread (``depth`` batches at most waiting; 0: at once, in the caller).
+    """``evaluator.process(outputs, data_batch)`` of each submitted batch, in order.
+
+    On one background thread (``depth`` batches at most waiting; 0: at once, in the caller).
 
     ``wait_s`` counts the seconds the caller waited for it (a full queue, :meth:`drain`).
     The first exception of the thread is raised by the next :meth:`submit` or :meth:`drain`;
@@ -141,8 +143,11 @@ class PostProcessThread:
 
 
 def split_test_step(model: Any) -> Optional[Tuple[Callable, Callable]]:
-    """``(preprocess, predict)`` whose composition is ``model.test_step`` (None: the model's
-    ``test_step`` is its own, or its wrapper's forward must see the batch: FSDP, TTA)."""
+    """``(preprocess, predict)`` whose composition is ``model.test_step``.
+
+    None: the model's ``test_step`` is its own, or its wrapper's forward must see the batch: FSDP,
+    TTA.
+    """
     module = model
     if is_model_wrapper(model):
         if type(model).test_step is not MMDistributedDataParallel.test_step:
@@ -155,9 +160,11 @@ def split_test_step(model: Any) -> Optional[Tuple[Callable, Callable]]:
 
 
 class BatchPrefetcher:
-    """Iterates ``batches`` and preprocesses each on one background thread, ``depth`` batches
-    ahead; yields ``(batch, preprocessed)`` in order, raising the thread's exception where
-    its batch would have come. ``close()`` stops the thread early."""
+    """Iterates ``batches`` and preprocesses each on one background thread, ``depth`` batches ahead.
+
+    Yields ``(batch, preprocessed)`` in order, raising the thread's exception where its batch would
+    have come. ``close()`` stops the thread early.
+    """
 
     def __init__(self, batches: Iterable, preprocess: Callable, depth: int = DEFAULT_PREFETCH
                  ) -> None:
@@ -214,7 +221,9 @@ class BatchPrefetcher:
 
 
 class OverlappedTestLoop(TestLoop):
-    """mmengine's ``TestLoop`` with the batches received and preprocessed ahead
+    """mmengine's ``TestLoop`` with batches prepared ahead and finished behind.
+
+    mmengine's ``TestLoop`` with the batches received and preprocessed ahead
     (:class:`BatchPrefetcher`, ``prefetch`` batches, 0: in the loop) and post-processed behind
     (:class:`PostProcessThread` of depth ``post_process_queue``, 0: in the loop).
 
@@ -235,8 +244,10 @@ class OverlappedTestLoop(TestLoop):
         self._predict: Optional[Callable] = None
 
     def batches(self) -> Iterator[Any]:
-        """The dataloader's batches, as :meth:`run_iter` takes them (preprocessed ahead where
-        the model allows it, :func:`split_test_step`)."""
+        """The dataloader's batches, as :meth:`run_iter` takes them.
+
+        Preprocessed ahead where the model allows it, :func:`split_test_step`.
+        """
         steps = split_test_step(self.runner.model) if self.prefetch else None
         if steps is None:
             return iter(self.dataloader)
@@ -245,6 +256,7 @@ class OverlappedTestLoop(TestLoop):
         return iter(self._prefetcher)
 
     @torch.no_grad()
+    @override
     def run_iter(self, idx: int, item: Any) -> None:
         data_batch, data = item if self._prefetcher is not None else (item, None)
         self.runner.call_hook('before_test_iter', batch_idx=idx, data_batch=data_batch)
@@ -263,8 +275,11 @@ class OverlappedTestLoop(TestLoop):
         self.post_process.drain()
 
     def close(self, cancel: bool = False) -> None:
-        """End the prefetch and post-processing threads (``cancel``: without processing what
-        waits)."""
+        """End the prefetch and post-processing threads.
+
+        Args:
+            cancel: end without processing what waits.
+        """
         if self._prefetcher is not None:
             self._prefetcher.close()
             self._prefetcher = None

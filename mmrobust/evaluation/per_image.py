@@ -48,12 +48,16 @@ def stats_dir(results_path: str) -> str:
 
 
 def stats_path(folder: str, corruption: str, severity: int) -> str:
+    """Where a cell's per-image statistics file lives in ``folder``."""
     return ResultsLayout.cell_file(folder, corruption, severity, 'npz')
 
 
 def stats_folders(results_path: str, results: Mapping) -> List[str]:
-    """Where a results file's per-image statistics are: its own folder, then those of the
-    shards it was merged from (by their recorded path, or beside the merged file)."""
+    """Where a results file's per-image statistics are.
+
+    Its own folder, then those of the shards it was merged from (by their recorded path, or beside
+    the merged file).
+    """
     folders = [stats_dir(results_path)]
     base = osp.dirname(osp.abspath(results_path))
     for shard in results.get('merged_from') or []:
@@ -206,8 +210,11 @@ def _eval_imgs_arrays(coco_eval: Any) -> Dict[str, np.ndarray]:
 
 def iou_block(areas: Sequence[Sequence], images: Sequence[str], metric_prefix: str,
               beta: float = 1.0) -> Dict[str, Any]:
-    """What :class:`IoUStats` needs: per image the (intersection, union, prediction, label)
-    areas per class, as mmseg's ``IoUMetric`` collects them."""
+    """What :class:`IoUStats` needs.
+
+    Per image the (intersection, union, prediction, label) areas per class, as mmseg's ``IoUMetric``
+    collects them.
+    """
     stacked = [np.stack([np.asarray(a[j], dtype=np.float64) for a in areas]) if areas
                else np.zeros((0, 0)) for j in range(4)]
     return {'kind': 'iou', 'metric_prefix': metric_prefix, 'images': np.array(list(images)),
@@ -218,8 +225,11 @@ def iou_block(areas: Sequence[Sequence], images: Sequence[str], metric_prefix: s
 # -- the metric on weighted images -----------------------------------------------------------------
 
 class IoUStats:
-    """mmseg's aAcc / mIoU / mAcc / mDice / mFscore / mPrecision / mRecall (in %, unrounded)
-    for image weights."""
+    """mmseg's IoU metrics for image weights.
+
+    mmseg's aAcc / mIoU / mAcc / mDice / mFscore / mPrecision / mRecall (in %, unrounded) for image
+    weights.
+    """
 
     def __init__(self, block: Mapping[str, Any]) -> None:
         self.prefix = str(block['metric_prefix'])
@@ -229,6 +239,7 @@ class IoUStats:
         self.images = [str(i) for i in block['images']]
 
     def names(self) -> List[str]:
+        """The metric names, with the prefix."""
         return [self.prefix + n for n in ('aAcc', 'mIoU', 'mAcc', 'mDice', 'mFscore',
                                           'mPrecision', 'mRecall')]
 
@@ -256,9 +267,12 @@ def _nanmean_rows(v: np.ndarray) -> np.ndarray:
 
 
 class CocoAP:
-    """mmdet's COCO AP items (``mAP``, ``mAP_50``, ``mAP_75``, ``mAP_s/m/l``; in [0, 1],
-    unrounded) for image weights: pycocotools' ``accumulate`` and ``summarize`` with every
-    detection and ground truth of an image counted as often as the image's weight."""
+    """mmdet's COCO AP items for image weights.
+
+    mmdet's COCO AP items (``mAP``, ``mAP_50``, ``mAP_75``, ``mAP_s/m/l``; in [0, 1], unrounded) for
+    image weights: pycocotools' ``accumulate`` and ``summarize`` with every detection and ground
+    truth of an image counted as often as the image's weight.
+    """
 
     def __init__(self, block: Mapping[str, Any]) -> None:
         self.prefix = str(block['metric_prefix'])
@@ -286,6 +300,7 @@ class CocoAP:
         self.n_cat = self.groups // max(len(self.areas), 1)
 
     def names(self) -> List[str]:
+        """The metric names, with the prefix."""
         return [self.prefix + n for n in _COCO_ITEMS]
 
     def _max_det(self, item: str) -> Optional[int]:
@@ -295,8 +310,10 @@ class CocoAP:
         return self.max_dets[m] if len(self.max_dets) > m else None
 
     def precision(self, w: np.ndarray, max_det: int) -> np.ndarray:
-        """pycocotools' ``eval['precision'][:, :, k, a, m]`` for one weight vector:
-        ``(T, len(rec_thrs), groups)``, -1 where a group has no (weighted) ground truth."""
+        """pycocotools' ``eval['precision'][:, :, k, a, m]`` for one weight vector.
+
+        ``(T, len(rec_thrs), groups)``, -1 where a group has no (weighted) ground truth.
+        """
         from ._match import weighted_precision
         n_g = self.groups
         npig = np.bincount(self.np_group, weights=w[self.np_img] * self.np_count, minlength=n_g)
@@ -360,9 +377,11 @@ def save_cell_stats(path: str, cell: Sequence, fingerprint: str,
 
 @dataclass(frozen=True)
 class StatsTarget:
-    """Where a cell's statistics go: the file, the cell, the fingerprint of its evaluation and
-    the folders whose relative paths name an image alike in every cell (picklable: the metric
-    worker writes the file)."""
+    """Where a cell's statistics go.
+
+    The file, the cell, the fingerprint of its evaluation and the folders whose relative paths name
+    an image alike in every cell (picklable: the metric worker writes the file).
+    """
     path: str
     cell: Tuple[str, int]
     fingerprint: str
@@ -379,8 +398,10 @@ class StatsTarget:
 
 
 def write_cell_stats(metrics: Dict[str, Any], target: StatsTarget) -> bool:
-    """Pop the per-image blocks from a cell's ``metrics`` and write them to ``target``
-    (atomically); False when the metrics kept none."""
+    """Pop the per-image blocks from a cell's ``metrics`` and write them to ``target`` (atomically).
+
+    False when the metrics kept none.
+    """
     blocks = metrics.pop(PER_IMAGE_KEY, None)
     if not blocks:
         return False

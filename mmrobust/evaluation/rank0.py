@@ -80,8 +80,10 @@ class Plan:
 
 def plan_on_rank0(results: RobustnessResults, folder: str,
                    shard: Optional[Tuple[int, int]] = None) -> Plan:
-    """The cells left to do (of ``shard`` only, if given); predictions a killed run saved are
-    used instead of inference."""
+    """The cells left to do (of ``shard`` only, if given).
+
+    Predictions a killed run saved are used instead of inference.
+    """
     cells = planned_cells(results.identity)
     if shard is not None:
         cells = shard_cells(cells, *shard)
@@ -106,8 +108,10 @@ def plan_on_rank0(results: RobustnessResults, folder: str,
 
 
 def broadcast_plan(plan: Optional[Plan]) -> Plan:
-    """Rank 0's plan (or its error) on every rank, so no rank plans another loop or waits alone
-    in a collective."""
+    """Rank 0's plan (or its error) on every rank.
+
+    So no rank plans another loop or waits alone in a collective.
+    """
     _, world = get_dist_info()
     if world > 1:
         if plan is not None and plan.error is not None:
@@ -120,11 +124,14 @@ def broadcast_plan(plan: Optional[Plan]) -> Plan:
 
 
 def rank0_until_done(steps: Optional[Iterator[None]]) -> None:
-    """Every rank: rank 0 runs ``steps`` (a generator that yields each time it has waited up
-    to :data:`RANK0_POLL_S` without finishing) to its end; the other ranks (``steps`` None)
-    wait for it in one short broadcast per step, instead of sitting in the next collective
-    for as long as rank 0 waits (a process-group timeout), and rank 0's error (a dead worker,
-    a full disk) is raised on every rank at once."""
+    """Run rank 0's ``steps`` while the other ranks wait in short broadcasts.
+
+    Every rank: rank 0 runs ``steps`` (a generator that yields each time it has waited up to
+    :data:`RANK0_POLL_S` without finishing) to its end; the other ranks (``steps`` None) wait for it
+    in one short broadcast per step, instead of sitting in the next collective for as long as rank 0
+    waits (a process-group timeout), and rank 0's error (a dead worker, a full disk) is raised on
+    every rank at once.
+    """
     rank, world = get_dist_info()
     while True:
         state: Any = None  # None: done; True: still waiting; else the error

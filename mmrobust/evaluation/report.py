@@ -1,7 +1,8 @@
-"""Tables, CSV and plots of robustness results (mmrobust JSON or mmdet 3.3 ``*_results.pkl``):
-the rendering of what :mod:`.report_stats` computes. :func:`write_report` is what both tools
-call: the summaries computed once, the Markdown returned, the CSV files written atomically,
-the plots saved.
+"""Tables, CSV and plots of robustness results (mmrobust JSON or mmdet 3.3 ``*_results.pkl``).
+
+The rendering of what :mod:`.report_stats` computes. :func:`write_report` is what both tools call:
+the summaries computed once, the Markdown returned, the CSV files written atomically, the plots
+saved.
 """
 import csv
 import os
@@ -178,9 +179,11 @@ def summary_markdown(results_by_label: Mapping[str, Mapping],
                      metrics: Optional[Sequence[str]] = None,
                      extras: Optional[Extras] = None,
                      summaries: Optional[Mapping[str, Dict]] = None) -> str:
-    """Markdown: P_clean / mPC / rPC per model and metric (with their intervals), then the
-    per-corruption means, attacks, paired differences, seeds and CE (:class:`Extras`).
-    ``summaries``: :func:`summarize` of each, when the caller has them."""
+    """Markdown: P_clean / mPC / rPC per model and metric (with their intervals).
+
+    Then the per-corruption means, attacks, paired differences, seeds and CE (:class:`Extras`).
+    ``summaries``: :func:`summarize` of each, when the caller has them.
+    """
     summaries = _summaries(results_by_label, summaries)
     metrics = list(metrics) if metrics else main_metrics(summaries)
     extras = extras or Extras()
@@ -226,9 +229,11 @@ def summary_markdown(results_by_label: Mapping[str, Mapping],
 def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str,
               extras: Optional[Extras] = None,
               summaries: Optional[Mapping[str, Dict]] = None) -> Tuple[str, str]:
-    """``cells.csv`` (every model, metric, corruption, severity) and ``summary.csv``, with
-    their intervals (empty where there are none); ``paired.csv``, ``seeds.csv`` and
-    ``corruption_error.csv`` when :class:`Extras` has them. Returns the first two paths."""
+    """``cells.csv`` (every model, metric, corruption, severity) and ``summary.csv``.
+
+    With their intervals (empty where there are none); ``paired.csv``, ``seeds.csv`` and
+    ``corruption_error.csv`` when :class:`Extras` has them. Returns the first two paths.
+    """
     os.makedirs(out_dir, exist_ok=True)
     extras = extras or Extras()
     summaries = _summaries(results_by_label, summaries)
@@ -309,8 +314,10 @@ def _rows_csv(path: str, header: Sequence[str], rows: Sequence[Sequence]) -> Non
 def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
          metrics: Optional[Sequence[str]] = None, extras: Optional[Extras] = None,
          summaries: Optional[Mapping[str, Dict]] = None) -> List[str]:
-    """Per-corruption bars and per-severity curves, models side by side, and P_clean / mPC /
-    rPC with their intervals where :class:`Extras` has them; returns the PNGs."""
+    """Per-corruption bars and per-severity curves, models side by side.
+
+    And P_clean / mPC / rPC with their intervals where :class:`Extras` has them; returns the PNGs.
+    """
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -381,9 +388,11 @@ def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
 def write_report(results_by_label: Mapping[str, Mapping], out_dir: str,
                  metrics: Optional[Sequence[str]] = None, extras: Optional[Extras] = None
                  ) -> Tuple[str, List[str]]:
-    """The whole report of some results (what both tools write): the Markdown (returned), the
-    CSV files and the plots in ``out_dir`` (their paths returned), the summaries computed
-    once."""
+    """The whole report of some results (what both tools write).
+
+    The Markdown (returned), the CSV files and the plots in ``out_dir`` (their paths returned), the
+    summaries computed once.
+    """
     summaries = _summaries(results_by_label, None)
     markdown = summary_markdown(results_by_label, metrics, extras, summaries)
     paths = list(write_csv(results_by_label, out_dir, extras, summaries))
@@ -419,8 +428,11 @@ def _interval_plot(summaries: Mapping[str, Dict], extras: Extras, name: str, pat
 
 
 def _effective_plot(er: Mapping[str, Any], name: str, extras: Extras, path: str) -> str:
-    """mPC against P_clean: every model (intervals of its effective robustness as error bars
-    around its mPC), the baselines' trend, each model's distance above it."""
+    """MPC against P_clean: every model.
+
+    Intervals of its effective robustness as error bars around its mPC. The baselines' trend, each
+    model's distance above it.
+    """
     import matplotlib.pyplot as plt
     import numpy as np
 

@@ -1,8 +1,10 @@
-"""The computation behind the robustness report: each results file's summary (P_clean, mPC,
-rPC, per corruption, category and severity), and the statistics the report adds to it
-(:class:`Extras`: bootstrap intervals, paired and per-corruption differences, seeds, CE /
-mCE, effective robustness), computed once; :mod:`.report` renders them (Markdown, CSV,
-plots)."""
+"""The computation behind the robustness report.
+
+Each results file's summary (P_clean, mPC, rPC, per corruption, category and severity), and the
+statistics the report adds to it (:class:`Extras`: bootstrap intervals, paired and per-corruption
+differences, seeds, CE / mCE, effective robustness), computed once; :mod:`.report` renders them
+(Markdown, CSV, plots).
+"""
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -19,8 +21,10 @@ MAIN_METRICS = ('bbox_mAP', 'segm_mAP', 'mIoU', 'AP', 'mAP')
 
 
 def _protocol_of(results: Mapping) -> Optional[Protocol]:
-    """The results' protocol: its planned corruption cells, grouped as the named protocol
-    groups them."""
+    """The results' protocol: its planned corruption cells.
+
+    Grouped as the named protocol groups them.
+    """
     from ..corruptions import PROTOCOLS
     if not results.get('cells_planned'):
         return None
@@ -33,6 +37,7 @@ def _protocol_of(results: Mapping) -> Optional[Protocol]:
 
 
 def summarize(results: Mapping) -> Dict:
+    """P_clean, mPC and rPC of a results dict under its protocol."""
     return robustness_summary(results['cells'], _protocol_of(results))
 
 
@@ -43,11 +48,13 @@ Interval = Tuple[float, float]
 
 @dataclass
 class Extras:
-    """What the report adds to the recorded numbers (:mod:`.uncertainty`): bootstrap intervals
-    per model (``intervals[label][metric][quantity]``, quantity P_clean / mPC / rPC, and
-    ``cell_intervals[label][metric][(corruption, severity)]``), paired differences against the
-    first group, mean and std across seeds per group, CE / mCE against a reference, and notes
-    on what could not be computed and why."""
+    """What the report adds to the recorded numbers (:mod:`.uncertainty`).
+
+    Bootstrap intervals per model (``intervals[label][metric][quantity]``, quantity P_clean / mPC /
+    rPC, and ``cell_intervals[label][metric][(corruption, severity)]``), paired differences against
+    the first group, mean and std across seeds per group, CE / mCE against a reference, and notes on
+    what could not be computed and why.
+    """
     confidence: float = 0.95
     replicates: int = 0
     intervals: Dict[str, Dict[str, Dict[str, Interval]]] = field(default_factory=dict)
@@ -74,13 +81,15 @@ def build_extras(entries: Sequence[Tuple[str, str, Mapping]], groups: Mapping[st
                  metrics: Optional[Sequence[str]] = None, baselines: Sequence[str] = (),
                  er_axis: str = 'logit', seed_bootstrap: bool = False,
                  alpha: float = 0.05) -> Extras:
-    """Intervals, paired differences, seed statistics and CE for ``entries`` (``(label, results
-    path, results)``; ``groups`` maps a recipe to the labels of its seeds, in order, the first
-    group being the baseline of the paired differences). ``boot`` (a
-    :class:`~.uncertainty.Bootstrap`): None or 0 replicates for no intervals. ``baselines``:
-    the recipes the effective-robustness trend is fitted on (``er_axis``); ``seed_bootstrap``:
-    paired intervals resample the seeds too (two-level); ``alpha``: the family-wise level of
-    the per-corruption differences (Holm)."""
+    """The report's statistics for ``entries``.
+
+    Intervals, paired differences, seed statistics and CE for ``entries`` (``(label, results path,
+    results)``; ``groups`` maps a recipe to the labels of its seeds, in order, the first group being
+    the baseline of the paired differences). ``boot`` (a :class:`~.uncertainty.Bootstrap`): None or
+    0 replicates for no intervals. ``baselines``: the recipes the effective-robustness trend is
+    fitted on (``er_axis``); ``seed_bootstrap``: paired intervals resample the seeds too
+    (two-level); ``alpha``: the family-wise level of the per-corruption differences (Holm).
+    """
     from .comparisons import recipe_corruption_differences
     from .uncertainty import (
         PairingError,
@@ -175,8 +184,10 @@ def build_extras(entries: Sequence[Tuple[str, str, Mapping]], groups: Mapping[st
 def _effective(extras: Extras, groups: Mapping[str, Sequence[str]], points: Mapping[str, Dict],
                reps: Mapping[str, Dict], metrics: Sequence[str], baselines: Sequence[str],
                axis: str, boot: Optional[Any]) -> None:
-    """Effective robustness of every recipe against the ``baselines``' trend (seeds averaged;
-    an interval where every recipe involved has replicates)."""
+    """Effective robustness of every recipe against the ``baselines``' trend.
+
+    Seeds averaged; an interval where every recipe involved has replicates.
+    """
     import numpy as np
 
     from .comparisons import effective_robustness
@@ -210,8 +221,11 @@ def _effective(extras: Extras, groups: Mapping[str, Sequence[str]], points: Mapp
 def _bootstrap_intervals(extras: Extras, entries: Sequence[Tuple[str, str, Mapping]],
                          boot: Optional[Any], points: Mapping[str, Dict]
                          ) -> Tuple[Dict[str, Any], Dict[str, Dict]]:
-    """Each model's bootstrap replicates and the intervals they give (into ``extras``, with
-    notes on what could not be resampled); ``(statistics, replicates)`` per label."""
+    """Each model's bootstrap replicates and the intervals they give.
+
+    Into ``extras``, with notes on what could not be resampled. ``(statistics, replicates)`` per
+    label.
+    """
     from .uncertainty import interval, replicates_of
     reps: Dict[str, Dict] = {}
     stats: Dict[str, Any] = {}
@@ -244,13 +258,16 @@ def _bootstrap_intervals(extras: Extras, entries: Sequence[Tuple[str, str, Mappi
 
 
 def entries_by(entries: Sequence[Tuple[str, str, Mapping]], label: str) -> Mapping:
+    """The results of the entry labelled ``label``."""
     return next(results for lb, _, results in entries if lb == label)
 
 
 
 def adversarial_curves(results: Mapping) -> Dict[str, Dict[str, List[Tuple[float, float]]]]:
-    """``{metric: {attack: [(epsilon, value), ...]}}`` of a results file's attack cells, from
-    epsilon 0 (the clean score) up; empty without attacks."""
+    """``{metric: {attack: [(epsilon, value), ...]}}`` of a results file's attack cells.
+
+    From epsilon 0 (the clean score) up; empty without attacks.
+    """
     curves: Dict[str, Dict[str, List[Tuple[float, float]]]] = {}
     clean = results['cells'].get('clean', {})
     clean = clean.get(0, clean.get('0', {}))
@@ -270,8 +287,11 @@ def adversarial_curves(results: Mapping) -> Dict[str, Dict[str, List[Tuple[float
 
 
 def attack_setting(results: Mapping, attack: str) -> str:
-    """How hard ``attack`` tried, to print next to its figures: ``10 steps, random start``
-    (and the restarts when more than one); an attack's strength is only comparable with it."""
+    """How hard ``attack`` tried, to print next to its figures.
+
+    ``10 steps, random start`` (and the restarts when more than one); an attack's strength is only
+    comparable with it.
+    """
     if attack == WORST:
         return f'per image, worst of {", ".join(results.get("attacks") or {})}'
     settings = (results.get('attacks') or {}).get(attack, {}).get('settings', {})

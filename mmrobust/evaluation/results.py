@@ -14,6 +14,8 @@ import pickle
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from typing_extensions import override
+
 from ..corruptions import CORRUPTIONS
 from ..utils.errors import InputNotFoundError, MMRobustError, UsageError
 from ..utils.io import ResultsStore
@@ -44,6 +46,7 @@ INFO_KEYS = ('config', 'checkpoint', 'corrupted_root', 'scope', 'mmrobust', 'che
 
 
 def file_sha256(path: str) -> str:
+    """The SHA-256 of a file's bytes, hex."""
     digest = hashlib.sha256()
     with open(path, 'rb') as f:
         for block in iter(lambda: f.read(1 << 20), b''):
@@ -61,21 +64,27 @@ def identity_sha256(identity: Mapping) -> str:
     """Fingerprint of the identity keys (what must match to resume), e.g. for side files.
 
     A results file written before ``identity_keys`` was recorded keeps its fingerprint over the
-    keys of its time, so its saved predictions and per-image statistics stay its own."""
+    keys of its time, so its saved predictions and per-image statistics stay its own.
+    """
     keys = {k: identity.get(k) for k in ('format', ) + _identity_keys(identity)}
     return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def evaluation_sha256(identity: Mapping) -> str:
-    """Fingerprint of what was evaluated, the same for a run and its shards' merge (the
-    identity keys without ``shard``): names the results a per-image statistics file belongs to."""
+    """Fingerprint of what was evaluated.
+
+    The same for a run and its shards' merge (the identity keys without ``shard``): names the
+    results a per-image statistics file belongs to.
+    """
     return identity_sha256({k: v for k, v in identity.items() if k != 'shard'})
 
 
 @dataclass(frozen=True)
 class ResultsLayout:
-    """The files a results file owns, next to it, so that two results files in one folder keep
-    their own (``<stem>``: its path without the extension):
+    """The files a results file owns, next to it.
+
+    So that two results files in one folder keep their own (``<stem>``: its path without the
+    extension):
 
     - ``<stem>_report/``: the report's tables and plots;
     - ``<stem>_predictions/``: the saved predictions of cells whose metric is not recorded yet
@@ -86,18 +95,22 @@ class ResultsLayout:
 
     @property
     def stem(self) -> str:
+        """The results file's absolute path without its extension."""
         return osp.splitext(osp.abspath(self.results_path))[0]
 
     @property
     def report(self) -> str:
+        """The report folder."""
         return f'{self.stem}_report'
 
     @property
     def predictions(self) -> str:
+        """The folder of the predictions files."""
         return f'{self.stem}_predictions'
 
     @property
     def per_image(self) -> str:
+        """The folder of the per-image statistics."""
         return f'{self.stem}_per_image'
 
     @staticmethod
@@ -118,8 +131,9 @@ def make_identity(protocol: Any, seed: int, bgr_compat: bool,
                   scope: Optional[str] = None, shard: Optional[Tuple[int, int]] = None,
                   checkpoint_load: Optional[Mapping] = None,
                   shifts: Optional[Mapping] = None) -> Dict[str, Any]:
-    """What a robustness results file records of its evaluation: :data:`IDENTITY_KEYS` (compared
-    on resume and merge) and :data:`INFO_KEYS` (for the reader).
+    """What a robustness results file records of its evaluation.
+
+    :data:`IDENTITY_KEYS` (compared on resume and merge) and :data:`INFO_KEYS` (for the reader).
 
     ``protocol`` is a :class:`~mmrobust.corruptions.Protocol`; ``stored_set`` the provenance of
     a stored corrupted set (:func:`~mmrobust.corruptions.stored.stored_set_identity`), None when
@@ -184,9 +198,11 @@ class RobustnessResults(ResultsStore):
                          'path')
         self.data.setdefault('timing', {})
 
+    @override
     def done(self, corruption: str, severity: int) -> bool:
         return super().done(corruption, str(severity))
 
+    @override
     def record(self, corruption: str, severity: int, metrics: Dict, timing: Dict) -> None:
         self.data['timing'].setdefault(corruption, {})[str(severity)] = timing
         super().record(corruption, str(severity), value=metrics)
@@ -205,9 +221,11 @@ def _peek_json(path: str) -> Optional[Dict]:
 
 
 def planned_cells(identity: Mapping) -> List[Tuple[str, int]]:
-    """Every cell an evaluation plans, in the order it runs them: the clean set, the
-    protocol's (corruption, severity) cells, then each attack's budgets, then the real-world
-    shifts' (set, level) cells."""
+    """Every cell an evaluation plans, in the order it runs them.
+
+    The clean set, the protocol's (corruption, severity) cells, then each attack's budgets, then the
+    real-world shifts' (set, level) cells.
+    """
     cells = [(CLEAN, 0)] + [(c, int(s)) for c, sevs in identity['cells_planned'].items()
                             for s in sevs]
     for name, entry in (identity.get('attacks') or {}).items():
@@ -218,9 +236,11 @@ def planned_cells(identity: Mapping) -> List[Tuple[str, int]]:
 
 
 def corruption_cells(results: Mapping) -> List[Tuple[str, int]]:
-    """The corruption cells mPC averages over: the planned ones (:func:`planned_cells` without
-    the clean set, the attacks and the shifts), else, for results without a plan, every
-    recorded one."""
+    """The corruption cells mPC averages over.
+
+    The planned ones (:func:`planned_cells` without the clean set, the attacks and the shifts),
+    else, for results without a plan, every recorded one.
+    """
     if results.get('cells_planned'):
         return [c for c in planned_cells(results) if is_corruption_cell(c[0])]
     return [(c, int(s)) for c, sevs in results.get('cells', {}).items()
@@ -242,8 +262,10 @@ def _latin1_encode(text: str, encoding: str = 'latin1') -> bytes:
 
 
 class _PlainUnpickler(pickle.Unpickler):
-    """Unpickles dicts of numbers only (mmdet's results files, the COCO-C leaderboard's), never
-    arbitrary objects: exactly what numpy's scalars need besides containers."""
+    """Unpickles dicts of numbers only (mmdet's results files, the COCO-C leaderboard's).
+
+    Never arbitrary objects: exactly what numpy's scalars need besides containers.
+    """
 
     ALLOWED = {('collections', 'OrderedDict'), ('numpy', 'dtype'),
                ('numpy.core.multiarray', 'scalar'), ('numpy._core.multiarray', 'scalar')}
@@ -264,8 +286,11 @@ _LEGACY_COCO_NAMES = {'AP': 'mAP', 'AP50': 'mAP_50', 'AP75': 'mAP_75', 'APs': 'm
 
 
 def _scores(metrics: Mapping, where: str) -> Dict[str, float]:
-    """A cell's numbers: mmdet 3.x's flat ``{name: value}``, or mmdet 1.x / 2.x's nested
-    ``{task: {'AP': ...}}`` as ``coco/<task>_mAP...`` (mmdet 3.x's names)."""
+    """A cell's numbers: mmdet 3.x's flat ``{name: value}``.
+
+    Or mmdet 1.x / 2.x's nested ``{task: {'AP': ...}}`` as ``coco/<task>_mAP...`` (mmdet 3.x's
+    names).
+    """
     scores: Dict[str, float] = {}
     for key, value in dict(metrics).items():
         if isinstance(value, Mapping):
@@ -286,7 +311,8 @@ def _from_mmdet_pkl(data: Mapping, path: str = 'the file',
 
     mPC averages ``aggregate``'s corruptions: ``benchmark`` (default), the 15 of ImageNet-C as
     mmdet's ``robustness_eval.py`` and the COCO-C paper do, or ``all`` present; the results
-    record which under ``aggregate``."""
+    record which under ``aggregate``.
+    """
     from ..corruptions import BENCHMARK_CORRUPTIONS
     if aggregate not in ('benchmark', 'all'):
         raise ValueError(f"aggregate is 'benchmark' or 'all', got {aggregate!r}")
@@ -339,9 +365,10 @@ def _read_mmdet_pkl(path: str, aggregate: str = 'benchmark') -> Dict:
 
 
 def load_results(path: str, aggregate: str = 'benchmark') -> Dict:
-    """A results dict from an mmrobust JSON or an mmdet ``_results.pkl`` (mmdet 3.x's, or
-    mmdet 1.x / 2.x's as the COCO-C leaderboard publishes them, whose mPC averages
-    ``aggregate``'s corruptions: see :func:`_from_mmdet_pkl`).
+    """A results dict from an mmrobust JSON or an mmdet ``_results.pkl``.
+
+    mmdet 3.x's, or mmdet 1.x / 2.x's as the COCO-C leaderboard publishes them, whose mPC averages
+    ``aggregate``'s corruptions: see :func:`_from_mmdet_pkl`.
 
     Severities are integers in the returned ``cells`` (JSON stores them as strings).
 
@@ -397,8 +424,11 @@ def parse_shard(text: str) -> Tuple[int, int]:
 
 def shard_cells(cells: Sequence[Tuple[str, int]], index: int, count: int
                 ) -> List[Tuple[str, int]]:
-    """The cells of shard ``index`` of ``count``: every ``count``-th cell of ``cells`` (the clean
-    set first), so shards differ by one cell at most and each mixes corruptions and severities."""
+    """The cells of shard ``index`` of ``count``.
+
+    Every ``count``-th cell of ``cells`` (the clean set first), so shards differ by one cell at most
+    and each mixes corruptions and severities.
+    """
     return [cell for k, cell in enumerate(cells) if k % count == index]
 
 

@@ -103,8 +103,9 @@ def config_sha256(cfg: Config) -> str:
 
 @dataclass
 class RobustnessOptions:
-    """How :func:`evaluate_robustness` runs (``tools/test_robustness.py`` builds it from its
-    arguments).
+    """How :func:`evaluate_robustness` runs.
+
+    ``tools/test_robustness.py`` builds it from its arguments.
 
     Attributes:
         seed, bgr_compat: of the on-the-fly corruptions (None: not given; 0 and RGB). A stored
@@ -158,8 +159,10 @@ class RobustnessOptions:
 
 def _resolve_source(runner, cfg: Config, opts: RobustnessOptions
                     ) -> Tuple[CellSource, Optional[Dict]]:
-    """Where the cells' images come from, and the stored set's provenance; stops before any
-    inference on a pipeline that cannot be corrupted or attacked, or a bad shard."""
+    """Where the cells' images come from, and the stored set's provenance.
+
+    Stops before any inference on a pipeline that cannot be corrupted or attacked, or a bad shard.
+    """
     if opts.metric_queue < 0:
         raise ValueError(f'metric_queue must be 0 (serial) or more, got {opts.metric_queue}')
     if opts.post_process_queue < 0 or opts.prefetch < 0:
@@ -194,8 +197,10 @@ def _resolve_source(runner, cfg: Config, opts: RobustnessOptions
 def _open_results(cfg: Config, protocol: Protocol, layout: ResultsLayout, opts: RobustnessOptions,
                   source: CellSource, stored_set: Optional[Dict], backends: List[str]
                   ) -> Tuple[Optional[RobustnessResults], Plan]:
-    """Rank 0 opens (or resumes) the results file and plans the cells; every rank gets the
-    plan (or rank 0's error)."""
+    """Rank 0 opens (or resumes) the results file and plans the cells.
+
+    Every rank gets the plan (or rank 0's error).
+    """
     results: Optional[RobustnessResults] = None
     plan: Optional[Plan] = None
     if get_dist_info()[0] == 0:  # NOTE: only rank 0 reads the results file (it may be local)
@@ -231,8 +236,9 @@ def _stats_targets(cfg: Config, results: Optional[RobustnessResults], layout: Re
 
 def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: str,
                         options: Optional[RobustnessOptions] = None) -> Dict:
-    """Evaluate the clean set, every cell of ``protocol`` and the attack cells; returns the
-    results dict (rank 0; an empty dict on the other ranks).
+    """Evaluate the clean set, every cell of ``protocol`` and the attack cells.
+
+    Returns the results dict (rank 0; an empty dict on the other ranks).
 
     ``runner`` has its model built and its checkpoint loaded already (once for all cells). The
     results identity (:func:`~.results.make_identity`) records what is evaluated; a rerun with
@@ -289,10 +295,12 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
 def _infer_cells(runner, cfg: Config, plan: Plan, opts: RobustnessOptions, source: CellSource,
                  evaluators: CellEvaluators, writes_files: Optional[str],
                  queue: Optional[MetricQueue], progress_bar: Progress) -> Dict[str, str]:
-    """Every planned cell's inference, each handed to rank 0's metric queue; the corruption
-    cells from one dataloader where it can serve them all, the attack cells from their own.
-    Returns how the corruption cells were loaded (``loader``, ``gt_masks``: whether their
-    ground-truth masks were decoded, :func:`~.cell_evaluators.without_unread_gt_masks`)."""
+    """Every planned cell's inference, each handed to rank 0's metric queue.
+
+    The corruption cells from one dataloader where it can serve them all, the attack cells from
+    their own. Returns how the corruption cells were loaded (``loader``, ``gt_masks``: whether their
+    ground-truth masks were decoded, :func:`~.cell_evaluators.without_unread_gt_masks`).
+    """
     attacked = [c for c in plan.infer if is_attack_cell(c[0])]
     shifted = [c for c in plan.infer if is_shift_cell(c[0])]
     corrupted = [c for c in plan.infer if c[0] == CLEAN or is_corruption_cell(c[0])]
@@ -350,8 +358,10 @@ def _infer_cells(runner, cfg: Config, plan: Plan, opts: RobustnessOptions, sourc
 
 def _finish_results(results: RobustnessResults, plan: Plan, loading: Dict[str, str],
                     wall: float) -> None:
-    """Rank 0, every cell recorded: the worst case over attacks, how the cells were loaded,
-    where the time went; the file saved."""
+    """Rank 0, every cell recorded.
+
+    The worst case over attacks, how the cells were loaded, where the time went; the file saved.
+    """
     _add_worst_case(results)
     results.data.update(loading)
     if all(results.done(c, s) for c, s in planned_cells(results.identity)):
@@ -365,8 +375,11 @@ def _finish_results(results: RobustnessResults, plan: Plan, loading: Dict[str, s
 
 
 def _add_worst_case(results: RobustnessResults) -> None:
-    """Rank 0, every cell recorded: the per-image worst case over the attacks
-    (:mod:`.worst_case`), logged with the budgets that cannot have one and why."""
+    """Rank 0, every cell recorded.
+
+    The per-image worst case over the attacks (:mod:`.worst_case`), logged with the budgets that
+    cannot have one and why.
+    """
     attacks = list(results.data.get('attacks') or {})
     if len(attacks) < 2:
         return
@@ -382,8 +395,10 @@ def _add_worst_case(results: RobustnessResults) -> None:
 
 def _image_roots(cfg: Config, corrupted_root: Optional[str], cell: Tuple[str, int],
                  shift_roots: Optional[Dict[str, str]] = None) -> Tuple[str, ...]:
-    """Folders under which an image's relative path is the same in every cell: the stored
-    set's folder of ``cell``, then the datasets' data roots."""
+    """Folders under which an image's relative path is the same in every cell.
+
+    The stored set's folder of ``cell``, then the datasets' data roots.
+    """
     if is_shift_cell(cell[0]):  # NOTE: its own set: paths relative to its root
         loader = shift_dataloader(cfg, cell, shift_roots)
         return (str(leaf_datasets(loader['dataset'])[0]['data_root']), )
@@ -395,8 +410,11 @@ def _image_roots(cfg: Config, corrupted_root: Optional[str], cell: Tuple[str, in
 
 
 def _time_summary(results: RobustnessResults, plan: Plan, wall: float) -> Dict[str, Any]:
-    """This run's seconds: inference (of which waiting for data), waiting for metrics, saving
-    predictions and the rest (set-up: the dataset, workers, model), with their shares."""
+    """This run's seconds, by what they were spent on.
+
+    This run's seconds: inference (of which waiting for data), waiting for metrics, saving
+    predictions and the rest (set-up: the dataset, workers, model), with their shares.
+    """
     cells = [results.data['timing'][c][str(s)] for c, s in list(plan.saved) + plan.infer
              if str(s) in results.data['timing'].get(c, {})]
     fresh = [t for t in cells if not t.get('resumed_from_predictions')]

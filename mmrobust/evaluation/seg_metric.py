@@ -12,6 +12,7 @@ from typing import Dict, Sequence, Tuple
 
 import torch
 from mmseg.evaluation import IoUMetric
+from typing_extensions import override
 
 from ..registry import METRICS
 
@@ -20,8 +21,10 @@ __all__ = ['FastIoUMetric', 'confusion_areas', 'use_fast_iou']
 
 def confusion_areas(pred_label: torch.Tensor, label: torch.Tensor, num_classes: int,
                     ignore_index: int) -> Tuple[torch.Tensor, ...]:
-    """Intersection, union, prediction and label areas per class, as mmseg's
-    ``IoUMetric.intersect_and_union`` returns them (float tensors on the CPU)."""
+    """Intersection, union, prediction and label areas per class.
+
+    As mmseg's ``IoUMetric.intersect_and_union`` returns them (float tensors on the CPU).
+    """
     pred_label, label = pred_label.reshape(-1).long(), label.reshape(-1).long()
     if pred_label.numel() == 0:
         return IoUMetric.intersect_and_union(pred_label, label, num_classes, ignore_index)
@@ -61,6 +64,7 @@ class FastIoUMetric(IoUMetric):
         super().__init__(**kwargs)
         self.per_image = per_image
 
+    @override
     def process(self, data_batch: dict, data_samples: Sequence[dict]) -> None:
         start = len(self.results)
         super().process(data_batch, data_samples)
@@ -69,6 +73,7 @@ class FastIoUMetric(IoUMetric):
             self.results[start:] = [(*areas, sample.get('img_path', '')) for areas, sample
                                     in zip(self.results[start:], data_samples)]
 
+    @override
     def compute_metrics(self, results: list) -> Dict[str, float]:
         if not self.per_image or self.format_only:
             return super().compute_metrics(results)
@@ -79,14 +84,17 @@ class FastIoUMetric(IoUMetric):
         return metrics
 
     @staticmethod
+    @override
     def intersect_and_union(pred_label: torch.Tensor, label: torch.Tensor, num_classes: int,
                             ignore_index: int) -> Tuple[torch.Tensor, ...]:
         return confusion_areas(pred_label, label, num_classes, ignore_index)
 
 
 def use_fast_iou(evaluator):
-    """Make every ``IoUMetric`` of an evaluator config a :class:`FastIoUMetric` (in place);
-    returns the config and how many were replaced."""
+    """Make every ``IoUMetric`` of an evaluator config a :class:`FastIoUMetric` (in place).
+
+    Returns the config and how many were replaced.
+    """
     from .coco_metric import metric_entries
     count = 0
     for entry in metric_entries(evaluator):

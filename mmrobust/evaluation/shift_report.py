@@ -1,5 +1,7 @@
-"""The report's real-world shift part: each shift cell's score, its drop from the clean score and
-its interval, as a table, a CSV and a plot beside the corruption ones.
+"""The report's real-world shift part.
+
+Each shift cell's score, its drop from the clean score and its interval, as a table, a CSV and a
+plot beside the corruption ones.
 
 Shift cells (:mod:`~mmrobust.datasets.shift_sets`) are not in mPC / rPC: each is another set's
 images through the model's own pipeline and metric. A cell's interval, where the results keep
@@ -94,8 +96,11 @@ def write_shift_csv(results_by_label: Mapping[str, Mapping], out_dir: str,
 
 def plot_shifts(results_by_label: Mapping[str, Mapping], out_dir: str,
                 metrics: Sequence[str], extras: Optional[Any] = None) -> List[str]:
-    """Per metric, each shift cell's score per model (bars, with intervals where there are
-    any) against its clean score (dashed): ``shifts_<metric>.png``."""
+    """Plot each shift cell's score per model against its clean score.
+
+    Per metric, each shift cell's score per model (bars, with intervals where there are any) against
+    its clean score (dashed): ``shifts_<metric>.png``.
+    """
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt

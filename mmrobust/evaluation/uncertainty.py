@@ -48,8 +48,10 @@ DEFAULT_REPLICATES = 1000
 
 @dataclass(frozen=True)
 class Bootstrap:
-    """Replicates, confidence level and the seed of the resampling (one seed for every model:
-    the same images are drawn for all of them)."""
+    """Replicates, confidence level and the seed of the resampling.
+
+    One seed for every model: the same images are drawn for all of them.
+    """
     replicates: int = DEFAULT_REPLICATES
     confidence: float = 0.95
     seed: int = 0
@@ -80,8 +82,11 @@ def interval(samples: np.ndarray, confidence: float) -> Tuple[float, float]:
 
 @dataclass
 class CellStats:
-    """A results file's per-image statistics: the images (in one order) and, per cell, the
-    scorers with the index of each of their images in that order."""
+    """A results file's per-image statistics.
+
+    The images (in one order) and, per cell, the scorers with the index of each of their images in
+    that order.
+    """
     images: List[str]
     cells: Dict[Cell, List[Tuple[Any, np.ndarray]]] = field(default_factory=dict)
     missing: List[Cell] = field(default_factory=list)
@@ -91,8 +96,10 @@ class CellStats:
         default_factory=dict)
 
     def scores(self, cell: Cell, weights: np.ndarray) -> Dict[str, np.ndarray]:
-        """``{metric: (R,)}`` of a cell for weights ``(R, len(images))``; NaN where a
-        replicate has no value (:func:`without_sentinels`)."""
+        """``{metric: (R,)}`` of a cell for weights ``(R, len(images))``.
+
+        NaN where a replicate has no value (:func:`without_sentinels`).
+        """
         out: Dict[str, np.ndarray] = {}
         for score, index in self.cells[cell]:
             out.update(without_sentinels(score.values(weights[:, index])))
@@ -100,17 +107,22 @@ class CellStats:
 
 
 def without_sentinels(values: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
-    """Replicates with pycocotools' -1 (an area range or a group without ground truth in
-    the resampled images: no value, not a score of -1) as NaN, which intervals, means and
-    differences leave out instead of averaging it in."""
+    """Replicates with pycocotools' -1 as NaN.
+
+    Replicates with pycocotools' -1 (an area range or a group without ground truth in the resampled
+    images: no value, not a score of -1) as NaN, which intervals, means and differences leave out
+    instead of averaging it in.
+    """
     return {k: np.where(np.asarray(v, dtype=np.float64) == -1.0, np.nan, v)
             for k, v in values.items()}
 
 
 def cell_stats(results_path: str, results: Mapping) -> CellStats:
-    """The per-image statistics of every recorded cell of a results file (side files of its
-    run, or of the shards it was merged from); cells without them are listed in ``missing``
-    and ``notes`` says why."""
+    """The per-image statistics of every recorded cell of a results file.
+
+    Side files of its run, or of the shards it was merged from. Cells without them are listed in
+    ``missing`` and ``notes`` says why.
+    """
     fingerprint = evaluation_sha256(results)
     folders = stats_folders(results_path, results)
     stats = CellStats(images=[])
@@ -164,9 +176,11 @@ def cell_stats(results_path: str, results: Mapping) -> CellStats:
 
 def replicate_summary(stats: CellStats, weights: np.ndarray,
                       protocol_cells: Sequence[Cell]) -> Dict[str, Dict[str, Any]]:
-    """Bootstrap replicates of every number of the summary: ``{metric: {'P_clean': (R,),
-    'mPC': (R,), 'rPC': (R,), 'cells': {cell: (R,)}}}``. mPC / rPC only where every cell of
-    the protocol (and the clean set) has statistics."""
+    """Bootstrap replicates of every number of the summary.
+
+    ``{metric: {'P_clean': (R,), 'mPC': (R,), 'rPC': (R,), 'cells': {cell: (R,)}}}``. mPC / rPC only
+    where every cell of the protocol (and the clean set) has statistics.
+    """
     per_cell = {cell: stats.scores(cell, weights) for cell in stats.cells}
     names = sorted({n for scores in per_cell.values() for n in scores})
     out: Dict[str, Dict[str, Any]] = {}
@@ -188,8 +202,11 @@ def replicate_summary(stats: CellStats, weights: np.ndarray,
 
 def check_pairable(a: Tuple[str, Mapping, CellStats], b: Tuple[str, Mapping, CellStats]
                    ) -> None:
-    """Raise :class:`PairingError` unless both files scored the same images under the same
-    corruptions (same cells, corruption seed and colour order, and image set)."""
+    """Raise :class:`PairingError` unless both files scored the same images.
+
+    Raise :class:`PairingError` unless both files scored the same images under the same corruptions
+    (same cells, corruption seed and colour order, and image set).
+    """
     (name_a, res_a, st_a), (name_b, res_b, st_b) = a, b
     problems = []
     for key in ('cells_planned', 'seed', 'bgr_compat'):
@@ -213,10 +230,12 @@ def paired_differences(base: Sequence[Dict[str, Dict[str, Any]]],
                        base_points: Sequence[Dict], other_points: Sequence[Dict],
                        confidence: float, seed_draws: Optional[int] = None
                        ) -> Dict[str, Dict[str, Tuple[float, float, float]]]:
-    """``{metric: {quantity: (difference, lo, hi)}}`` of other minus base (each a list of
-    seeds' replicate summaries over the same draws, averaged across seeds), for P_clean, mPC and
-    rPC. ``seed_draws``: a seed for the two-level bootstrap (each replicate also draws the
-    seeds, :func:`~.comparisons.seed_bootstrap_difference`); None: the seeds averaged."""
+    """``{metric: {quantity: (difference, lo, hi)}}`` of other minus base.
+
+    Each a list of seeds' replicate summaries over the same draws, averaged across seeds. For
+    P_clean, mPC and rPC. ``seed_draws``: a seed for the two-level bootstrap (each replicate also
+    draws the seeds, :func:`~.comparisons.seed_bootstrap_difference`); None: the seeds averaged.
+    """
     out: Dict[str, Dict[str, Tuple[float, float, float]]] = {}
     for name in base[0]:
         if not all(name in r for r in list(base) + list(other)):
@@ -266,8 +285,10 @@ NEAR_ZERO_DROP = 0.005
 
 def corruption_errors(cells: Mapping, reference: Mapping, metric: str,
                       corruptions: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    """CE and relative CE per corruption, mCE and relative mCE (ImageNet-C's definitions with
-    E = S - P) of ``cells`` against ``reference`` cells, for one metric.
+    """CE and relative CE per corruption, mCE and relative mCE.
+
+    ImageNet-C's definitions with E = S - P, of ``cells`` against ``reference`` cells, for one
+    metric.
 
     Raises:
         ValueError: the reference lacks a cell or the metric (named), or its errors sum to 0.
@@ -314,9 +335,12 @@ def corruption_errors(cells: Mapping, reference: Mapping, metric: str,
 def corruption_error_replicates(replicate_cells: Mapping[Cell, np.ndarray], cells: Mapping,
                                 reference: Mapping, metric: str, corruptions: Sequence[str]
                                 ) -> Optional[Dict[str, np.ndarray]]:
-    """mCE and relative mCE per bootstrap replicate (``{'mCE': (R,), 'relative_mCE': (R,)}``)
-    from a run's replicate cells, the reference held at its recorded numbers (its own sampling
-    is not in the interval); None where a cell has no replicates."""
+    """mCE and relative mCE per bootstrap replicate.
+
+    mCE and relative mCE per bootstrap replicate (``{'mCE': (R,), 'relative_mCE': (R,)}``) from a
+    run's replicate cells, the reference held at its recorded numbers (its own sampling is not in
+    the interval); None where a cell has no replicates.
+    """
     scale = metric_scale(metric)
 
     def ref(corruption: str, severity: int) -> float:
@@ -342,8 +366,10 @@ def corruption_error_replicates(replicate_cells: Mapping[Cell, np.ndarray], cell
 
 def replicates_of(results_path: str, results: Mapping, boot: Bootstrap,
                   stats: Optional[CellStats] = None) -> Tuple[CellStats, Dict]:
-    """A results file's per-image statistics and its replicate summary (empty without
-    statistics)."""
+    """A results file's per-image statistics and its replicate summary.
+
+    The summary is empty without statistics.
+    """
     stats = stats or cell_stats(results_path, results)
     summary: Dict[str, Dict[str, Any]] = {}
     if stats.cells:

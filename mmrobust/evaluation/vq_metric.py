@@ -3,6 +3,7 @@ from typing import Dict, Optional, Sequence
 
 import torch
 from mmengine.evaluator import BaseMetric
+from typing_extensions import override
 
 from ..models.tokenizers.trainer import code_stats, psnr
 from ..registry import METRICS
@@ -12,9 +13,12 @@ __all__ = ['VQReconstructionMetric']
 
 @METRICS.register_module()
 class VQReconstructionMetric(BaseMetric):
-    """Held-out PSNR of the reconstructions (over all values of all images, as one MSE), of the
-    two baselines (``psnr_mean_image``, ``psnr_blur``), and the codebook's perplexity and used
-    codes over the held-out codes."""
+    """Held-out PSNR of the reconstructions and of two baselines.
+
+    Held-out PSNR of the reconstructions (over all values of all images, as one MSE), of the two
+    baselines (``psnr_mean_image``, ``psnr_blur``), and the codebook's perplexity and used codes
+    over the held-out codes.
+    """
 
     default_prefix = 'vq'
 
@@ -23,9 +27,11 @@ class VQReconstructionMetric(BaseMetric):
         super().__init__(collect_device=collect_device, prefix=prefix)
         self.n_embed = n_embed
 
+    @override
     def process(self, data_batch, data_samples: Sequence[dict]) -> None:
         self.results.extend(data_samples)
 
+    @override
     def compute_metrics(self, results: list) -> Dict[str, float]:
         count = sum(r['values'] for r in results)
         codes = torch.cat([r['codes'] for r in results])

@@ -30,8 +30,11 @@ _AREAS = ('intersect', 'union', 'pred', 'label')
 
 
 def image_miou(block: Mapping[str, Any]) -> np.ndarray:
-    """Each image's own mIoU, (N,): IoU averaged over the classes with a non-empty union in
-    that image; NaN for an image without any (every pixel ignored)."""
+    """Each image's own mIoU, (N,).
+
+    IoU averaged over the classes with a non-empty union in that image; NaN for an image without any
+    (every pixel ignored).
+    """
     intersect = np.asarray(block['intersect'], dtype=np.float64)
     union = np.asarray(block['union'], dtype=np.float64)
     present = union > 0
@@ -41,10 +44,13 @@ def image_miou(block: Mapping[str, Any]) -> np.ndarray:
 
 
 def worst_case_block(blocks: Sequence[Mapping[str, Any]]) -> Optional[Dict[str, Any]]:
-    """One IoU block whose rows are, per image, the rows of the block (one per attack, in the
-    attacks' order) with the lowest image mIoU; ties and images without any class go to the
-    first attack. ``chosen`` counts how often each block was chosen. None when the blocks do
-    not hold the same images."""
+    """One IoU block of the per-image worst case over the attacks.
+
+    One IoU block whose rows are, per image, the rows of the block (one per attack, in the attacks'
+    order) with the lowest image mIoU; ties and images without any class go to the first attack.
+    ``chosen`` counts how often each block was chosen. None when the blocks do not hold the same
+    images.
+    """
     images = [str(i) for i in blocks[0]['images']]
     order = []
     for block in blocks:
@@ -72,12 +78,15 @@ def _scores(block: Mapping[str, Any], names: Sequence[str]) -> Dict[str, float]:
 
 def add_worst_case(results_path: str, data: Dict, folders: Optional[Sequence[str]] = None
                    ) -> Dict[int, str]:
-    """Record in ``data`` (a results dict, in place) the cells ``(worst, k)`` that every attack
-    of it allows: two or more attacks, each with its k-th cell recorded and per-image IoU
-    statistics; write their statistics next to ``results_path`` and, under ``worst_case``, how
-    many images each attack was the worst for. ``folders``: where the attack cells' statistics
-    are (default: next to ``results_path``). Returns ``{k: why}`` for the budgets left without
-    one (``{}`` also when there is nothing to do)."""
+    """Record the per-image worst case over the attacks of a results dict.
+
+    Record in ``data`` (a results dict, in place) the cells ``(worst, k)`` that every attack of it
+    allows: two or more attacks, each with its k-th cell recorded and per-image IoU statistics;
+    write their statistics next to ``results_path`` and, under ``worst_case``, how many images each
+    attack was the worst for. ``folders``: where the attack cells' statistics are (default: next to
+    ``results_path``). Returns ``{k: why}`` for the budgets left without one (``{}`` also when there
+    is nothing to do).
+    """
     from .results import evaluation_sha256
     attacks = list((data.get('attacks') or {}).keys())
     if len(attacks) < 2:

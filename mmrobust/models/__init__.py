@@ -1,3 +1,4 @@
+"""Models: backbones, heads, necks, tokenizers, data preprocessors and checkpoint loading."""
 # NOTE: importing the subpackages registers their modules in the mmdet and mmseg registries
 from . import (  # noqa: F401
     backbones,

@@ -60,9 +60,12 @@ def _fp16_autocast(x: torch.Tensor) -> bool:
 
 def input_gradient(loss_fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
                    ) -> Tuple[torch.Tensor, float]:
-    """(∇ₓ loss_fn(x), loss) w.r.t. the input alone; under fp16 autocast the loss is scaled
-    before the backward pass and the gradient unscaled after. The gradient may hold non-finite
-    values (check with :func:`finite_images`)."""
+    """(∇ₓ loss_fn(x), loss) w.r.t.
+
+    the input alone; under fp16 autocast the loss is scaled before the backward pass and the
+    gradient unscaled after. The gradient may hold non-finite values (check with
+    :func:`finite_images`).
+    """
     x = x.detach().requires_grad_(True)
     with torch.enable_grad():
         loss = loss_fn(x)
@@ -82,8 +85,10 @@ def l2_norms(t: torch.Tensor) -> torch.Tensor:
 
 
 def step_direction(grad: torch.Tensor, norm: str, mask: torch.Tensor) -> torch.Tensor:
-    """The steepest-ascent direction of unit ``norm`` per image, on the valid area; 0 for an
-    image whose gradient is not finite."""
+    """The steepest-ascent direction of unit ``norm`` per image, on the valid area.
+
+    0 for an image whose gradient is not finite.
+    """
     finite = finite_images(grad)
     grad = torch.where(finite, grad, torch.zeros_like(grad)) * mask
     if norm == 'linf':
@@ -108,7 +113,8 @@ def random_start(norm: str, eps: float, mask: torch.Tensor, generator: torch.Gen
     ``mask`` is that image's (1 or 3, H, W) validity mask; the draw happens on the CPU from
     ``generator`` (so a seed gives the same start on any device) and is zero on the padding.
     L2: a Gaussian direction normalised over the valid values, and radius ε·U^(1/d) with d the
-    number of valid values (the radius law of the uniform distribution in a d-ball)."""
+    number of valid values (the radius law of the uniform distribution in a d-ball).
+    """
     valid = mask.expand(3, *mask.shape[-2:]).cpu()
     if norm == 'linf':
         point = (torch.rand(valid.shape, generator=generator) * 2 - 1) * eps

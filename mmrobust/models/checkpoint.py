@@ -1,5 +1,6 @@
-"""Checkpoints in and out of mmrobust models: one home for unwrapping, mismatch reporting and
-strict loading.
+"""Checkpoints in and out of mmrobust models.
+
+One home for unwrapping, mismatch reporting and strict loading.
 
 Three kinds of load go through here, each strictly (a missing, unexpected or mis-shaped key is an
 error that lists the keys, never a warning that scrolls by):
@@ -48,8 +49,11 @@ class CheckpointMismatchError(MMRobustError, RuntimeError):
 
 
 def unwrap_state_dict(checkpoint: dict, strip_prefixes: Iterable[str] = ('module.',)) -> Dict:
-    """The weights of a checkpoint: unwrapped (`state_dict` / `model` / `state_dict_ema`, in
-    that order) and without DDP `module.` prefixes."""
+    """The weights of a checkpoint.
+
+    Unwrapped (``state_dict`` / ``model`` / ``state_dict_ema``, in that order) and without DDP
+    ``module.`` prefixes.
+    """
     state = checkpoint
     for key in _WRAPPERS:
         if isinstance(state, dict) and isinstance(state.get(key), dict):
@@ -74,8 +78,11 @@ def _list(keys, limit: int = 40) -> str:
 
 def state_dict_mismatch(own: Mapping[str, torch.Tensor], state_dict: Mapping[str, torch.Tensor],
                         allowed_missing: Iterable[str] = ()) -> Tuple[list, list, list]:
-    """``(missing, unexpected, mis-shaped)`` keys of ``state_dict`` against a model's ``own``
-    state dict; model keys starting with a prefix in ``allowed_missing`` may be absent."""
+    """Missing, unexpected and mis-shaped keys of ``state_dict``.
+
+    ``(missing, unexpected, mis-shaped)`` keys of ``state_dict`` against a model's ``own`` state
+    dict; model keys starting with a prefix in ``allowed_missing`` may be absent.
+    """
     allowed = tuple(allowed_missing)
     missing = [k for k in own if k not in state_dict and not k.startswith(allowed)]
     unexpected = [k for k in state_dict if k not in own]
@@ -100,7 +107,7 @@ def mismatch_message(header: str, missing: Sequence[str], unexpected: Sequence[s
 
 def load_state_dict_strict(model: nn.Module, state_dict: Dict[str, torch.Tensor],
                            allowed_missing: Iterable[str] = (), source: str = 'checkpoint') -> None:
-    """Load `state_dict` into `model`; every key must match in name and shape.
+    """Load ``state_dict`` into ``model``; every key must match in name and shape.
 
     Args:
         model: The module to fill.
@@ -125,8 +132,10 @@ def load_state_dict_strict(model: nn.Module, state_dict: Dict[str, torch.Tensor]
 
 
 def dropped_summary(dropped: Mapping[str, str], limit: int = 12) -> str:
-    """``dropped`` (checkpoint key -> reason) as one line per reason, e.g.
-    ``dropped 2 keys: head.bias, head.weight (ImageNet classifier ...)``; '' when empty."""
+    """``dropped`` (checkpoint key -> reason) as one line per reason, e.g. ``dropped 2 keys.
+
+    head.bias, head.weight (ImageNet classifier ...)``; '' when empty.
+    """
     by_reason: Dict[str, list] = {}
     for key, reason in dropped.items():
         by_reason.setdefault(reason, []).append(key)
@@ -138,7 +147,7 @@ def load_pretrained(model: nn.Module, checkpoint: str,
                     filter_fn: Callable[[Dict, nn.Module, Dict[str, str]], Dict],
                     allowed_missing: Iterable[str] = (),
                     logger: Optional[MMLogger] = None) -> None:
-    """Load a (foreign) checkpoint file through `filter_fn` and :func:`load_state_dict_strict`.
+    """Load a (foreign) checkpoint file through ``filter_fn`` and :func:`load_state_dict_strict`.
 
     ``filter_fn(checkpoint, model, dropped)`` converts the file's content and records every key
     it leaves out in ``dropped`` (key -> reason); those are logged with the loaded count.
@@ -194,9 +203,12 @@ def loaded_module(model: nn.Module) -> nn.Module:
 
 
 def loadable_state(module: nn.Module, prefix: str = '') -> Dict:
-    """The state dict as mmengine's ``load_state_dict`` matches it: wrappers (DDP, TTA) are
-    unwrapped at every depth, so a submodule that ``MMSeparateDistributedDataParallel`` wrapped
-    keeps its own key names (``tokenizer.encoder...``, not ``tokenizer.module.encoder...``)."""
+    """The state dict as mmengine's ``load_state_dict`` matches it.
+
+    Wrappers (DDP, TTA) are unwrapped at every depth, so a submodule that
+    ``MMSeparateDistributedDataParallel`` wrapped keeps its own key names (``tokenizer.encoder...``,
+    not ``tokenizer.module.encoder...``).
+    """
     module = loaded_module(module)
     state = {prefix + n: p for n, p in module._parameters.items() if p is not None}
     state.update({prefix + n: b for n, b in module._buffers.items()
@@ -208,9 +220,10 @@ def loadable_state(module: nn.Module, prefix: str = '') -> Dict:
 
 
 def _meta_copy(module: nn.Module) -> nn.Module:
-    """A structural copy of ``module`` whose parameters and buffers live on the meta device (no
-    memory): loading into it runs every module's own ``_load_from_state_dict`` and copies
-    nothing."""
+    """A structural copy of ``module`` whose parameters and buffers live on the meta device.
+
+    No memory. Loading into it runs every module's own ``_load_from_state_dict`` and copies nothing.
+    """
     memo = {}
     for tensor in list(module.parameters()) + list(module.buffers()):
         meta = torch.empty_like(tensor, device='meta')
@@ -220,9 +233,12 @@ def _meta_copy(module: nn.Module) -> nn.Module:
 
 
 def dry_run_load(module: nn.Module, state: Dict) -> Tuple[List[str], List[str], List[str]]:
-    """``(missing, unexpected, errors)`` of loading ``state`` into ``module`` as mmengine's
+    """What loading ``state`` into ``module`` as mmengine does would meet.
+
+    ``(missing, unexpected, errors)`` of loading ``state`` into ``module`` as mmengine's
     ``load_state_dict`` does (its traversal, each module's ``_load_from_state_dict`` with its key
-    remaps and version upgrades, missing ``num_batches_tracked`` exempt), on a meta copy."""
+    remaps and version upgrades, missing ``num_batches_tracked`` exempt), on a meta copy.
+    """
     missing: List[str] = []
     unexpected: List[str] = []
     errors: List[str] = []
@@ -260,10 +276,10 @@ def _short_error(error: str) -> str:
 
 def load_checkpoint_strict(model: nn.Module, checkpoint: str,
                            allow_partial_load: bool = False) -> dict:
-    """Load a whole-model checkpoint (mmengine's, or a plain state dict) into ``model``; every
-    key must load (by mmengine's rules: each module's key remaps count, a missing BatchNorm
-    ``num_batches_tracked`` is exempt) unless ``allow_partial_load`` (then the lists are
-    logged).
+    """Load a whole-model checkpoint (mmengine's, or a plain state dict) into ``model``.
+
+    Every key must load (by mmengine's rules: each module's key remaps count, a missing BatchNorm
+    ``num_batches_tracked`` is exempt) unless ``allow_partial_load`` (then the lists are logged).
 
     Returns:
         The raw checkpoint (for its ``meta``).
@@ -298,10 +314,11 @@ def load_tokenizer_checkpoint(path: str) -> Dict[str, torch.Tensor]:
 
 @WEIGHT_INITIALIZERS.register_module(name='StrictPretrained')
 class StrictPretrainedInit:
-    """mmengine's ``Pretrained`` initialisation, strictly, for backbones that mmdet / mmpretrain
-    define (Darknet-53, EfficientNet-B0, ResNet): their released checkpoints load unchanged, and
-    a missing, unexpected or mis-shaped key is an error that lists them, where mmengine's own
-    ``Pretrained`` loads what matches and only warns.
+    """mmengine's ``Pretrained`` initialisation, strictly.
+
+    For backbones that mmdet / mmpretrain define (Darknet-53, EfficientNet-B0, ResNet): their
+    released checkpoints load unchanged, and a missing, unexpected or mis-shaped key is an error
+    that lists them, where mmengine's own ``Pretrained`` loads what matches and only warns.
 
     ``init_cfg=dict(type='StrictPretrained', checkpoint=PATH, prefix='backbone')``: with
     ``prefix``, only that part of a whole-model checkpoint (e.g. an mmpretrain classifier's
@@ -322,6 +339,7 @@ class StrictPretrainedInit:
         return {k[len(head):]: v for k, v in state.items() if k.startswith(head)}
 
     def __call__(self, module: nn.Module) -> None:
+        """Load the checkpoint into ``module`` strictly."""
         load_pretrained(module, self.checkpoint, self._filter)
         # NOTE: mmengine applies an init_cfg of any type but its own `Pretrained` before the
         # children's init_weights(), which would re-initialise what was just loaded (ConvModule

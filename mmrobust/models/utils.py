@@ -1,5 +1,6 @@
-"""Architecture helpers shared by the model families: variant lookup, from-scratch
-initialisation, unwrapping a model wrapper. Checkpoint loading lives in
+"""Architecture helpers shared by the model families.
+
+Variant lookup, from-scratch initialisation, unwrapping a model wrapper. Checkpoint loading lives in
 :mod:`mmrobust.models.checkpoint`.
 """
 from typing import Iterable, Mapping, Optional, Sequence, Tuple, Type, Union
@@ -19,8 +20,11 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 
 def resolve_arch(arch: Union[str, Mapping], zoo: Mapping[str, Mapping], family: str,
                  optional: Sequence[str] = ()) -> Tuple[str, dict]:
-    """``(name, settings)`` of a variant: a name of ``zoo`` or a custom dict with the zoo's keys
-    (plus any of ``optional``); anything else is an error that lists the choices."""
+    """``(name, settings)`` of a variant.
+
+    A name of ``zoo`` or a custom dict with the zoo's keys (plus any of ``optional``); anything else
+    is an error that lists the choices.
+    """
     keys = sorted(next(iter(zoo.values())))
     if isinstance(arch, str):
         if arch not in zoo:

@@ -1,3 +1,4 @@
+"""Shared utilities: safe checkpoint reading, atomic I/O, errors, progress, benchmarks."""
 from .checkpoint import (
     NotACheckpointError,
     UnsafeCheckpointError,

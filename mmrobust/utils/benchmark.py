@@ -143,14 +143,17 @@ class StepWorker:
         return value
 
     def step(self) -> float:
+        """One timed step in the worker: its seconds."""
         self._conn.send('step')
         return self._expect('time')
 
     def stats(self) -> Dict[str, float]:
+        """The worker's statistics (peak memory)."""
         self._conn.send('stats')
         return self._expect('stats')
 
     def close(self) -> None:
+        """Stop the worker and wait for it."""
         try:
             self._conn.send('stop')
         except (BrokenPipeError, OSError):
@@ -166,6 +169,8 @@ def interleave_processes(cases: Mapping[str, Tuple[Callable[..., Any], tuple]], 
 
     Args:
         cases: name → ``(setup, args)`` of a :class:`StepWorker`.
+        rounds: timed rounds, each case one step per round, in alternating order.
+        warmup: untimed rounds before them.
 
     Returns:
         name → ``{'times': [...], 'info': ..., 'stats': ...}`` (times in round order).
@@ -185,9 +190,12 @@ def interleave_processes(cases: Mapping[str, Tuple[Callable[..., Any], tuple]], 
 # -- the synthetic COCO cell of the metric benchmarks ---------------------------------------------
 
 def synthetic_coco_parser(doc: str) -> argparse.ArgumentParser:
-    """A benchmark's parser (described by the first line of ``doc``) with the arguments of a
-    synthetic COCO-format cell (``benchmark_coco_metric.py``, ``benchmark_bootstrap.py``):
-    images, detections per image, classes, timed rounds, seed."""
+    """A benchmark's parser with the arguments of a synthetic COCO cell.
+
+    A benchmark's parser (described by the first line of ``doc``) with the arguments of a synthetic
+    COCO-format cell (``benchmark_coco_metric.py``, ``benchmark_bootstrap.py``): images, detections
+    per image, classes, timed rounds, seed.
+    """
     parser = argparse.ArgumentParser(description=doc.split('\n')[0])
     parser.add_argument('--n', type=int, default=500, help='images (default 500)')
     parser.add_argument('--per-image', type=int, default=100, help='detections per image')
@@ -198,8 +206,11 @@ def synthetic_coco_parser(doc: str) -> argparse.ArgumentParser:
 
 
 def synthetic_coco_cell(args: Any) -> Tuple[Dict, List[Dict]]:
-    """The ground truth (crowd regions in 5% of the images) and the detections of the cell
-    :func:`synthetic_coco_parser` describes."""
+    """The ground truth and the detections of a synthetic COCO cell.
+
+    The ground truth (crowd regions in 5% of the images) and the detections of the cell
+    :func:`synthetic_coco_parser` describes.
+    """
     from ..datasets.synthetic_coco import synthetic_coco_gt, synthetic_detections
     gt = synthetic_coco_gt(args.n, args.classes, crowd_prob=0.05, seed=args.seed)
     return gt, synthetic_detections(gt, per_image=args.per_image, seed=args.seed)

@@ -1,14 +1,15 @@
 """Safe checkpoint loading for torch >= 2.6.
 
-torch >= 2.6 loads with `weights_only=True`, which refuses the few Python types that mmengine
-puts into its own checkpoints (the message hub's `HistoryBuffer` and the numpy arrays inside it),
-so resume and `load_from` break. The tempting fix, `weights_only=False`, would unpickle anything,
+torch >= 2.6 loads with ``weights_only=True``, which refuses the few Python types that mmengine puts
+into its own checkpoints (the message hub's ``HistoryBuffer`` and the numpy arrays inside it), so
+resume and ``load_from`` break. The tempting fix, ``weights_only=False``, would unpickle anything,
 and a checkpoint is an untrusted download. mmrobust instead allow-lists exactly the types that
 mmengine/OpenMMLab checkpoints contain and refuses everything else with an error naming the
 offending globals.
 
-`import mmrobust` installs :func:`load_from_local` as mmengine's loader for local paths, so
-`load_from`, `--resume`, `init_cfg=dict(type='Pretrained', ...)` and `load_checkpoint` all use it.
+``import mmrobust`` installs :func:`load_from_local` as mmengine's loader for local paths, so
+``load_from``, ``--resume``, ``init_cfg=dict(type='Pretrained', ...)`` and ``load_checkpoint`` all
+use it.
 """
 import argparse
 import os.path as osp
@@ -44,10 +45,10 @@ def _numpy_globals() -> List[Any]:
 
 
 def _history_buffer_getattr(obj: Any, name: str) -> Any:
-    """Stands in for `getattr` in checkpoints, for what mmengine needs of it and nothing else.
+    """Stands in for ``getattr`` in checkpoints, for what mmengine needs of it and nothing else.
 
-    mmengine pickles `HistoryBuffer`'s statistics methods as `getattr(HistoryBuffer, 'mean')`;
-    a general `getattr` would let a crafted file reach arbitrary attributes.
+    mmengine pickles ``HistoryBuffer``'s statistics methods as ``getattr(HistoryBuffer, 'mean')``;
+    a general ``getattr`` would let a crafted file reach arbitrary attributes.
     """
     if obj is HistoryBuffer and name in ('min', 'max', 'current', 'mean'):
         return getattr(HistoryBuffer, name)
@@ -74,10 +75,12 @@ def safe_globals() -> List[Any]:
 
 
 def data_globals() -> Dict[str, Any]:
-    """The globals that plain data pickles name, by pickled name: torch's ``weights_only``
-    allow-list (dtypes, devices, containers), numpy's arrays, scalars and dtypes, and a few
-    builtins; none of them runs code. For restricted unpicklers of data files (e.g. the
-    robustness loop's saved predictions)."""
+    """The globals that plain data pickles name, by pickled name.
+
+    torch's ``weights_only`` allow-list (dtypes, devices, containers), numpy's arrays, scalars and
+    dtypes, and a few builtins; none of them runs code. For restricted unpicklers of data files
+    (e.g. the robustness loop's saved predictions).
+    """
     import collections
     allowed = dict(torch._weights_only_unpickler._get_allowed_globals())
     allowed.update({_global_name(g): g for g in _numpy_globals()})
@@ -140,7 +143,7 @@ def _check_torch_file(f: Union[str, BinaryIO], name: str) -> None:
 
 
 def safe_load(f: Union[str, BinaryIO], map_location: Optional[Any] = None) -> Any:
-    """`torch.load` with `weights_only=True` and mmrobust's allow-list.
+    """``torch.load`` with ``weights_only=True`` and mmrobust's allow-list.
 
     Raises:
         NotACheckpointError: the file was not written by ``torch.save``.
@@ -228,8 +231,10 @@ _restricted_pickle = types.SimpleNamespace(
 
 
 def load_lightning_checkpoint(path: str, map_location: Optional[Any] = 'cpu') -> Any:
-    """Load a PyTorch-Lightning checkpoint (taming / latent-diffusion ``.ckpt``) without running
-    code from it.
+    """Load a PyTorch-Lightning checkpoint without running code from it.
+
+    Load a PyTorch-Lightning checkpoint (taming / latent-diffusion ``.ckpt``) without running code
+    from it.
 
     Lightning pickles a few of its own objects next to the weights (callback states keyed by the
     callback class, ``AttributeDict`` hyper-parameters, sometimes OmegaConf containers), which

@@ -2,7 +2,7 @@
 
 - a dataset root that does not exist names the path and says how to generate or prepare it;
 - a type name that is not registered names the scope and registry and lists close matches;
-- a config that uses mmrobust modules without `custom_imports` says what to add.
+- a config that uses mmrobust modules without ``custom_imports`` says what to add.
 """
 import contextlib
 import difflib
@@ -28,8 +28,10 @@ class DatasetNotFoundError(InputNotFoundError):
 
 
 class RegistryLookupError(UsageError, LookupError):
-    """A `type=` name was not found in the registry of the config's scope (a config mistake:
-    a usage error, exit status 2)."""
+    """A ``type=`` name was not found in the registry of the config's scope.
+
+    A config mistake: a usage error, exit status 2.
+    """
 
 
 class MissingCustomImportsError(ConfigError):
@@ -37,7 +39,7 @@ class MissingCustomImportsError(ConfigError):
 
 
 def config_scope(cfg: Config) -> str:
-    """The OpenMMLab scope a config runs in (`mmdet` or `mmseg`)."""
+    """The OpenMMLab scope a config runs in (``mmdet`` or ``mmseg``)."""
     scope = cfg.get('default_scope')
     if scope not in ('mmdet', 'mmseg'):
         raise ValueError(
@@ -49,8 +51,10 @@ def config_scope(cfg: Config) -> str:
 
 # -- dataset paths ---------------------------------------------------------------------------------
 def leaf_datasets(ds: Any) -> List[Dict]:
-    """The innermost dataset configs of a dataset config, through wrappers (``dataset=``,
-    e.g. RepeatDataset, MultiImageMixDataset) and concatenations (``datasets=[...]``).
+    """The innermost dataset configs of a dataset config.
+
+    Through wrappers (``dataset=``, e.g. RepeatDataset, MultiImageMixDataset) and concatenations
+    (``datasets=[...]``).
 
     They are the config's own dicts, so changes to them change the config.
     """
@@ -76,11 +80,11 @@ def _dataset_paths(ds: Dict) -> List[str]:
 
 
 def check_dataset_paths(cfg: Config, loaders: List[str]) -> None:
-    """Raise :class:`DatasetNotFoundError` if a dataset of `loaders` points to missing files.
+    """Raise :class:`DatasetNotFoundError` if a dataset of ``loaders`` points to missing files.
 
     Args:
         cfg: The full config.
-        loaders: Dataloader keys to check, e.g. `['train_dataloader', 'val_dataloader']`.
+        loaders: Dataloader keys to check, e.g. ``['train_dataloader', 'val_dataloader']``.
     """
     for key in loaders:
         loader = cfg.get(key)
@@ -175,7 +179,7 @@ def _config_types(obj: Any) -> Iterator[str]:
 def check_custom_imports(cfg: Config) -> None:
     """Refuse a config that names mmrobust modules but does not import mmrobust.
 
-    Without `custom_imports` such a config only works by accident (when something else imported
+    Without ``custom_imports`` such a config only works by accident (when something else imported
     mmrobust first) and fails in mmdet's/mmseg's own tools, so the mistake is caught here.
     """
     from mmrobust.registry import registered_modules

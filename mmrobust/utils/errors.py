@@ -36,15 +36,19 @@ class MMRobustError(Exception):
 
 
 class UsageError(MMRobustError, ValueError):
-    """A name or value the user chose (on the command line or in a config) is not valid
-    (exit status 2, as argparse's own usage errors)."""
+    """A name or value the user chose (on the command line or in a config) is not valid.
+
+    Exit status 2, as argparse's own usage errors.
+    """
 
     exit_code = 2
 
 
 class UnknownNameError(UsageError, KeyError):
-    """A name (an arch, a corruption, a family...) that is not one of the known ones; the
-    message lists them (exit status 2)."""
+    """A name (an arch, a corruption, a family...) that is not one of the known ones.
+
+    The message lists them (exit status 2).
+    """
 
 
 class ConfigError(UsageError, RuntimeError):
@@ -94,8 +98,11 @@ def _rank() -> int:
 
 
 def _debug_requested() -> bool:
-    """``--debug`` among the arguments (removed, so that the tool's parser never sees it) or
-    ``MMROBUST_DEBUG`` set to anything but '' / '0'."""
+    """Whether the tool runs in debug mode (tracebacks shown).
+
+    ``--debug`` among the arguments (removed, so that the tool's parser never sees it) or
+    ``MMROBUST_DEBUG`` set to anything but '' / '0'.
+    """
     debug = '--debug' in sys.argv[1:]
     if debug:
         sys.argv[1:] = [a for a in sys.argv[1:] if a != '--debug']
@@ -103,10 +110,12 @@ def _debug_requested() -> bool:
 
 
 def run_tool(main: Callable[[], Optional[int]]) -> NoReturn:
-    """Run a tool's ``main`` and exit with its status; a user error (:class:`MMRobustError`)
-    ends as one ``error: <message>`` line on stderr (rank 0 only in a distributed run; every
-    rank exits with the error's status), without a traceback unless debugging was asked for.
-    Anything else propagates with its traceback."""
+    """Run a tool's ``main`` and exit with its status.
+
+    A user error (:class:`MMRobustError`) ends as one ``error: <message>`` line on stderr (rank 0
+    only in a distributed run; every rank exits with the error's status), without a traceback unless
+    debugging was asked for. Anything else propagates with its traceback.
+    """
     debug = _debug_requested()
     try:
         status = main()
@@ -126,8 +135,10 @@ def run_tool(main: Callable[[], Optional[int]]) -> NoReturn:
 
 
 def shareable(err: BaseException) -> BaseException:
-    """``err`` if it pickles (it crosses to other ranks or processes), else a RuntimeError
-    with its message: an error must stop the receiver either way."""
+    """``err`` if it pickles (it crosses to other ranks or processes).
+
+    Else a RuntimeError with its message: an error must stop the receiver either way.
+    """
     import pickle
     try:
         pickle.dumps(err)

@@ -1,5 +1,6 @@
-"""FLOP counting: fused attention in mmengine's complexity analysis (`get_flops.py`), and the
-project's own counter (torch's FlopCounterMode with the CPU attention kernel), which the
+"""FLOP counting: fused attention in mmengine's complexity analysis (``get_flops.py``).
+
+And the project's own counter (torch's FlopCounterMode with the CPU attention kernel), which the
 benchmarks and the model zoo's metafiles use.
 
 mmengine's jit-based :class:`~mmengine.analysis.FlopAnalyzer` has no handle for
@@ -20,9 +21,12 @@ def _shape(value: Any) -> List[int]:
 
 
 def sdpa_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
-    """Multiply-adds of ``softmax(q k^T) v`` (mmengine counts one FLOP per multiply-add, as
-    for matmul): ``batch * L * S * (E + Ev)`` for q ``[..., L, E]``, k ``[..., S, E]`` and v
-    ``[..., S, Ev]``; the softmax and the mask are not counted (nor are they for matmul)."""
+    """Multiply-adds of ``softmax(q k^T) v``.
+
+    mmengine counts one FLOP per multiply-add, as for matmul. ``batch * L * S * (E + Ev)`` for q
+    ``[..., L, E]``, k ``[..., S, E]`` and v ``[..., S, Ev]``; the softmax and the mask are not
+    counted (nor are they for matmul).
+    """
     q, k, v = (_shape(x) for x in inputs[:3])
     batch = prod(q[:-2])
     return batch * q[-2] * k[-2] * (q[-1] + v[-1])
@@ -39,8 +43,10 @@ def register_flop_handles() -> None:
 
 
 def count_flops(fn: Callable[[], Any]) -> int:
-    """FLOPs of ``fn()`` as torch's ``FlopCounterMode`` counts them (matmuls, convolutions and
-    attention; 2 FLOPs per multiply-add), run without gradient."""
+    """FLOPs of ``fn()`` as torch's ``FlopCounterMode`` counts them.
+
+    Matmuls, convolutions and attention; 2 FLOPs per multiply-add. Run without gradient.
+    """
     import torch
     from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 

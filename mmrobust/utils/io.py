@@ -233,10 +233,12 @@ class ResultsStore:
 
     @property
     def identity(self) -> Dict[str, Any]:
+        """The store's identity (what its entries belong to)."""
         return self.data[self.identity_key] if self.identity_key else self.data
 
     @property
     def entries(self) -> Dict[str, Any]:
+        """The recorded entries."""
         return self.data[self.entries_key]
 
     def done(self, *key: str) -> bool:

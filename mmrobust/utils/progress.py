@@ -17,8 +17,10 @@ INTERVAL_ENV = 'MMROBUST_PROGRESS_INTERVAL_S'
 
 
 class Progress:
-    """``total`` units of work; :meth:`update` adds done units, :meth:`describe` sets the
-    current step's label. Disabled (``enabled=False``): does nothing."""
+    """``total`` units of work; :meth:`update` adds done units.
+
+    :meth:`describe` sets the current step's label. Disabled (``enabled=False``): does nothing.
+    """
 
     def __init__(self, total: int, unit: str, desc: str, enabled: bool = True,
                  interval: Optional[float] = None) -> None:
@@ -40,11 +42,13 @@ class Progress:
             self.bar.refresh()
 
     def describe(self, label: str) -> None:
+        """Show ``label`` beside the bar."""
         self.label = label
         if self.bar is not None:
             self.bar.set_postfix_str(label)
 
     def update(self, n: int) -> None:
+        """Count ``n`` more done."""
         if not self.enabled or n <= 0:
             return
         self.done += n
@@ -66,6 +70,7 @@ class Progress:
               + (f', {self.label}' if self.label else ''), file=sys.stderr, flush=True)
 
     def close(self) -> None:
+        """End the bar (or the plain progress lines)."""
         if self.bar is not None:
             self.bar.close()
         elif self.enabled:

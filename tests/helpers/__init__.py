@@ -1,5 +1,6 @@
-"""The suite's helpers, imported as a package (``from helpers import REPO, run_tool``): paths
-and configs, the tool runners, the launcher of spawned ranks. The fixtures stay in
+"""The suite's helpers, imported as a package (``from helpers import REPO, run_tool``).
+
+Paths and configs, the tool runners, the launcher of spawned ranks. The fixtures stay in
 ``tests/conftest.py``; the harness (time limits, watchdog, process reaper) is the pytest plugin
 :mod:`helpers.harness`; ``cpu_sync_bn`` and ``reference_corruptions`` are imported by module.
 """

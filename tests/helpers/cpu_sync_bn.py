@@ -1,5 +1,8 @@
-"""SyncBN semantics on the CPU for multi-process tests: torch's SyncBatchNorm refuses CPU
-tensors (its kernel, aten::batch_norm_stats, has no CPU implementation) and mmcv's is a CUDA op."""
+"""SyncBN semantics on the CPU for multi-process tests.
+
+torch's SyncBatchNorm refuses CPU tensors (its kernel, aten::batch_norm_stats, has no CPU
+implementation) and mmcv's is a CUDA op.
+"""
 import torch
 import torch.nn as nn
 
@@ -23,10 +26,13 @@ class _SumOverRanks(torch.autograd.Function):
 
 
 class SyncBatchNorm(nn.BatchNorm2d):
-    """torch's SyncBatchNorm on the CPU: batch statistics over every rank, differentiable (the
-    backward sums over the ranks, as torch's does). Named as torch's and mmcv's classes (what
-    name-based SyncBN checks see), but not an ``nn.SyncBatchNorm``, which DDP refuses on the CPU.
-    ``collectives`` counts its synchronised forwards."""
+    """torch's SyncBatchNorm on the CPU.
+
+    Batch statistics over every rank, differentiable (the backward sums over the ranks, as torch's
+    does). Named as torch's and mmcv's classes (what name-based SyncBN checks see), but not an
+    ``nn.SyncBatchNorm``, which DDP refuses on the CPU. ``collectives`` counts its synchronised
+    forwards.
+    """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
@@ -51,8 +57,10 @@ class SyncBatchNorm(nn.BatchNorm2d):
 
 
 def convert_to_cpu_sync_bn(module: nn.Module) -> nn.Module:
-    """``module`` with every BatchNorm2d replaced by a :class:`SyncBatchNorm` of the same
-    state (what mmengine's ``sync_bn='torch'`` does on GPUs)."""
+    """``module`` with every BatchNorm2d replaced by a :class:`SyncBatchNorm` of the same state.
+
+    What mmengine's ``sync_bn='torch'`` does on GPUs.
+    """
     for name, child in module.named_children():
         if type(child) is nn.BatchNorm2d:
             sync = SyncBatchNorm(child.num_features, child.eps, child.momentum, child.affine)

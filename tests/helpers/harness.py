@@ -1,6 +1,8 @@
-"""The suite's harness, a pytest plugin (``pytest_plugins`` in ``tests/conftest.py``): per-test
-time limits set in one place, a watchdog for a test stuck outside Python, and the check that no
-test leaves a process behind."""
+"""The suite's harness, a pytest plugin (``pytest_plugins`` in ``tests/conftest.py``).
+
+Per-test time limits set in one place, a watchdog for a test stuck outside Python, and the check
+that no test leaves a process behind.
+"""
 import ctypes
 import faulthandler
 import gc
@@ -39,7 +41,7 @@ STARTED: set = set()
 
 
 def time_limit(item: pytest.Item) -> Optional[float]:
-    """The limit `item` gets here, or None for pytest-timeout's default (a marker wins)."""
+    """The limit ``item`` gets here, or None for pytest-timeout's default (a marker wins)."""
     if item.get_closest_marker('timeout') is not None:
         return None
     if ('trained_toy_detector' in getattr(item, 'fixturenames', ())
@@ -51,7 +53,7 @@ def time_limit(item: pytest.Item) -> Optional[float]:
 
 
 def effective_limit(item: pytest.Item) -> float:
-    """The limit pytest-timeout applies to `item` (its marker, else the configured default)."""
+    """The limit pytest-timeout applies to ``item`` (its marker, else the configured default)."""
     marker = item.get_closest_marker('timeout')
     if marker is not None:
         return float(marker.args[0] if marker.args else marker.kwargs['timeout'])
@@ -108,7 +110,7 @@ _PROCESS_SINGLETONS = ('multiprocessing.resource_tracker', 'multiprocessing.fork
 
 
 def descendants(pid: int) -> Dict[int, str]:
-    """The live (not zombie) descendants of `pid`: pid -> command line, read from /proc."""
+    """The live (not zombie) descendants of ``pid``: pid -> command line, read from /proc."""
     if not os.path.isdir('/proc'):
         return {}
     children: Dict[int, list] = {}
@@ -150,8 +152,10 @@ def _reap(pids) -> None:
 
 @pytest.fixture(autouse=True)
 def no_leftover_processes(request):
-    """Fail a test that leaves a process running (its own, a pool's, an orphaned one), naming
-    them; they are killed, so that the next test starts clean."""
+    """Fail a test that leaves a process running (its own, a pool's, an orphaned one), naming them.
+
+    They are killed, so that the next test starts clean.
+    """
     def new_processes() -> Dict[int, str]:
         return {p: c for p, c in descendants(os.getpid()).items()
                 if p not in before and not any(s in c for s in _PROCESS_SINGLETONS)}

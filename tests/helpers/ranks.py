@@ -32,9 +32,12 @@ def _rank_entry(fn: Callable, rank: int, world: int, port: int, args: tuple, que
 
 def run_ranks(fn: Callable, *args: Any, world: int = 2, limit: float = 180,
               group_timeout_s: float = 60) -> List[Any]:
-    """``[fn(rank, world, *args) for each rank]``, run in ``world`` spawned processes joined in a
-    gloo group whose collectives time out after ``group_timeout_s`` (``fn`` a module-level
-    function, its results picklable); a rank's exception fails the test with its traceback."""
+    """``[fn(rank, world, *args) for each rank]``.
+
+    Run in ``world`` spawned processes joined in a gloo group whose collectives time out after
+    ``group_timeout_s`` (``fn`` a module-level function, its results picklable); a rank's exception
+    fails the test with its traceback.
+    """
     context = multiprocessing.get_context('spawn')
     queue = context.Queue()
     port = free_port()

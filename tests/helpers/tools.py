@@ -1,6 +1,8 @@
-"""Running the command-line tools from the tests: in a subprocess (with the output shown on a
-failure and a safety-net time limit) or in the test's own process, and what a user error looks
-like."""
+"""Running the command-line tools from the tests.
+
+In a subprocess (with the output shown on a failure and a safety-net time limit) or in the test's
+own process, and what a user error looks like.
+"""
 import contextlib
 import io
 import os
@@ -52,10 +54,13 @@ def run_tool(tool: str, *args, **kwargs) -> subprocess.CompletedProcess:
 
 
 def run_tool_in_process(tool: str, *args) -> Tuple[int, str, str]:
-    """tools/TOOL run in this process as its own ``__main__`` (a subprocess would spend seconds
-    importing mmdet; the tools' start-up is tested in test_tools.py), without MMROBUST_DEBUG:
-    (exit status, stdout, stderr). An exception the tool lets through propagates, and what the
-    tool printed before it goes to the real streams (capsys reads it)."""
+    """tools/TOOL run in this process as its own ``__main__``.
+
+    A subprocess would spend seconds importing mmdet; the tools' start-up is tested in
+    test_tools.py. Without MMROBUST_DEBUG: (exit status, stdout, stderr). An exception the tool lets
+    through propagates, and what the tool printed before it goes to the real streams (capsys reads
+    it).
+    """
     out, err = io.StringIO(), io.StringIO()
     env = {k: v for k, v in os.environ.items() if k != 'MMROBUST_DEBUG'}
     try:
@@ -72,9 +77,11 @@ def run_tool_in_process(tool: str, *args) -> Tuple[int, str, str]:
 
 
 def assert_user_error(status: int, stderr: str, code: int, *texts: str) -> str:
-    """A user error as the tools report it (mmrobust.utils.errors.run_tool): exit status
-    ``code``, one ``error:`` line, the message from it on holding each of ``texts`` (a key
-    list may go on over more lines), no traceback. The message is returned."""
+    """A user error as the tools report it (mmrobust.utils.errors.run_tool).
+
+    Exit status ``code``, one ``error:`` line, the message from it on holding each of ``texts`` (a
+    key list may go on over more lines), no traceback. The message is returned.
+    """
     lines = [line for line in stderr.splitlines() if line.startswith('error: ')]
     assert status == code, f'exit status {status}, not {code}; stderr:\n{stderr[-3000:]}'
     assert len(lines) == 1, f'not one error: line in stderr:\n{stderr[-3000:]}'

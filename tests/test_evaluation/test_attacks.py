@@ -1,5 +1,8 @@
-"""White-box attacks (mmrobust.evaluation.attacks) on the toy detector and segmentor: the budget,
-the model left as it was, the loss ascended, the random parts seeded per image, bad input."""
+"""White-box attacks (mmrobust.evaluation.attacks) on the toy detector and segmentor.
+
+The budget, the model left as it was, the loss ascended, the random parts seeded per image, bad
+input.
+"""
 import copy
 import dataclasses
 import math
@@ -141,9 +144,12 @@ def test_attacks_raise_the_loss_and_more_steps_do_not_lower_it(name, model_and_b
 
 @pytest.mark.parametrize('name,eps', [('fgsm_l2', 0.05), ('fgsm_linf', 1e-4)])
 def test_a_small_step_moves_the_loss_as_its_first_order_prediction(name, eps, seg):
-    """Beyond the ε = 0 plumbing: at a small ε the attacked loss rises by ⟨∇L, δ⟩ (ε‖∇L‖₂ for
-    L2, ε‖∇L‖₁ for L-inf, less what the [0, 1] clamp takes), so the step goes up the gradient
-    of the loss that is measured, by the amount the budget allows."""
+    """Beyond the ε = 0 plumbing.
+
+    At a small ε the attacked loss rises by ⟨∇L, δ⟩ (ε‖∇L‖₂ for L2, ε‖∇L‖₁ for L-inf, less what the
+    [0, 1] clamp takes), so the step goes up the gradient of the loss that is measured, by the
+    amount the budget allows.
+    """
     from mmrobust.evaluation.attacks import _objective
     from mmrobust.models import adversarial
     model, data = seg
@@ -167,8 +173,10 @@ def test_a_small_step_moves_the_loss_as_its_first_order_prediction(name, eps, se
 
 
 def _preprocessed(model, raw: dict, order) -> dict:
-    """The data preprocessor's batch of the raw images ``order`` (indices into ``raw``), as a
-    loader would give it with that batch (its own padding)."""
+    """The data preprocessor's batch of the raw images ``order`` (indices into ``raw``).
+
+    As a loader would give it with that batch (its own padding).
+    """
     raw = copy.deepcopy(raw)
     return model.data_preprocessor({k: [raw[k][i] for i in order] for k in raw}, False)
 
@@ -176,10 +184,13 @@ def _preprocessed(model, raw: dict, order) -> dict:
 @pytest.mark.parametrize('kind,name', [('seg', 'pgd_linf'), ('det', 'pgd_linf'),
                                        ('det', 'pgd_l2')])
 def test_an_image_gets_the_same_attack_alone_in_a_batch_and_in_any_order(kind, name, toy_data):
-    """The attack of an image does not depend on its batch, so 1 and N processes, any batch size
-    and a resume agree: alone, in a batch of 2 and with the batch's order swapped, the image's
-    attacked values are identical (the toy Mask R-CNN's proposal samplers included; its batch
-    of 2 pads the smaller image)."""
+    """An image's attack does not depend on its batch.
+
+    The attack of an image does not depend on its batch, so 1 and N processes, any batch size and a
+    resume agree: alone, in a batch of 2 and with the batch's order swapped, the image's attacked
+    values are identical (the toy Mask R-CNN's proposal samplers included; its batch of 2 pads the
+    smaller image).
+    """
     config = SEG if kind == 'seg' else DET
     model, _ = _setup(config)
     cfg = Config.fromfile(str(REPO / config))
@@ -218,9 +229,11 @@ SLIDE = {'model.test_cfg': dict(mode='slide', crop_size=(256, 256), stride=(192,
 
 
 def _window_loop_ce(model, inputs: torch.Tensor, sample) -> torch.Tensor:
-    """The slide predictor's mean cross-entropy, written out: 256-pixel windows every 192
-    pixels (the last one flush with the edge), their class scores averaged where they overlap,
-    resized to the label."""
+    """The slide predictor's mean cross-entropy, written out.
+
+    256-pixel windows every 192 pixels (the last one flush with the edge), their class scores
+    averaged where they overlap, resized to the label.
+    """
     import torch.nn.functional as F
     crop, stride = 256, 192
     height, width = inputs.shape[-2:]
@@ -243,8 +256,11 @@ def _window_loop_ce(model, inputs: torch.Tensor, sample) -> torch.Tensor:
 
 
 def test_segmentor_attacks_differentiate_the_slide_predictor_that_is_scored(toy_data):
-    """With a slide test_cfg the attack's gradient is the slide predictor's (an explicit window
-    loop), not the whole-image forward's: FGSM-L2's step at a small budget is ε g / ‖g‖."""
+    """With a slide test_cfg the attack's gradient is the slide predictor's.
+
+    An explicit window loop. Not the whole-image forward's: FGSM-L2's step at a small budget is ε g
+    / ‖g‖.
+    """
     from mmrobust.models import adversarial
     model, data = _setup(SEG, batch_size=1, pipeline_options=SLIDE)
     sample = data['data_samples'][0]
@@ -272,8 +288,11 @@ def test_segmentor_attacks_differentiate_the_slide_predictor_that_is_scored(toy_
 
 
 def _fit_on_windows(model, data, iterations: int) -> None:
-    """Overfit ``model`` on 256-pixel crops of the batch's images, as Cityscapes models train on
-    the crops their slide windows then see (in place; eval mode after)."""
+    """Overfit ``model`` on 256-pixel crops of the batch's images.
+
+    As Cityscapes models train on the crops their slide windows then see (in place; eval mode
+    after).
+    """
     from mmengine.structures import PixelData
     gen = torch.Generator().manual_seed(0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -312,10 +331,12 @@ def _miou(model, inputs: torch.Tensor, samples) -> float:
 
 @pytest.mark.slow
 def test_pgd_on_the_slide_predictor_beats_the_whole_image_surrogate(toy_data):
-    """On the toy SegFormer trained on 256 crops and scored through 256 windows, PGD-10 at
-    8/255 through the slide predictor lowers the slide-scored mIoU at least as much as the
-    same PGD through the whole-image training loss (the attack before), and raises the scored
-    loss more."""
+    """On the toy SegFormer trained on 256 crops and scored through 256 windows.
+
+    PGD-10 at 8/255 through the slide predictor lowers the slide-scored mIoU at least as much as the
+    same PGD through the whole-image training loss (the attack before), and raises the scored loss
+    more.
+    """
     from mmrobust.evaluation.attacks import _task_loss
     from mmrobust.models import adversarial
     model, data = _setup(SEG, pipeline_options=SLIDE)
@@ -369,8 +390,11 @@ def test_a_test_pipeline_without_annotations_stops_the_tool_before_inference():
 
 
 def test_crowd_boxes_are_rescaled_with_the_other_ground_truth():
-    """mmdet's test pipelines load annotations after Resize: the attack brings them to the
-    input's scale, the ignored (crowd) boxes too, which the assigners use to ignore proposals."""
+    """mmdet's test pipelines load annotations after Resize.
+
+    The attack brings them to the input's scale, the ignored (crowd) boxes too, which the assigners
+    use to ignore proposals.
+    """
     from mmdet.structures import DetDataSample
     from mmdet.structures.bbox import HorizontalBoxes
     from mmengine.structures import InstanceData
@@ -388,10 +412,12 @@ def test_crowd_boxes_are_rescaled_with_the_other_ground_truth():
 
 
 def test_segpgd_and_cospgd_weightings_on_a_hand_computed_example():
-    """Two pixels of class 0, the first predicted right (logits 2, 0), the second wrong (0, 1):
-    SegPGD weighs the right one 1 - λ and the wrong one λ, λ = (t - 1) / 2T (Gu et al. 2022);
-    CosPGD weighs each by cos(softmax, one-hot) (Agnihotri et al. 2024). Swapped λ, or 1 - cos,
-    give other numbers."""
+    """Two pixels of class 0, the first predicted right (logits 2, 0), the second wrong (0, 1).
+
+    SegPGD weighs the right one 1 - λ and the wrong one λ, λ = (t - 1) / 2T (Gu et al. 2022); CosPGD
+    weighs each by cos(softmax, one-hot) (Agnihotri et al. 2024). Swapped λ, or 1 - cos, give other
+    numbers.
+    """
     import math
     from types import SimpleNamespace
 
@@ -425,8 +451,11 @@ def test_segpgd_and_cospgd_weightings_on_a_hand_computed_example():
 
 
 def test_dat_and_the_attacks_take_the_same_step(toy_data):
-    """One step module: FGSM-L2 at ε = α and DAT's L2 step (before its re-quantisation) are the
-    same δ = α g / ‖g‖₂ of the toy detector's training loss (same seed for its samplers)."""
+    """FGSM-L2 at ε = α and DAT's L2 step are one step module.
+
+    One step module: FGSM-L2 at ε = α and DAT's L2 step (before its re-quantisation) are the same δ
+    = α g / ‖g‖₂ of the toy detector's training loss (same seed for its samplers).
+    """
     from mmrobust.engine.hooks.dat import DATHook
     from mmrobust.evaluation.attacks import (
         Attack,

@@ -1,5 +1,8 @@
-"""The metric beside the next cell's inference: saved predictions, resuming, a dying worker, the
-plan rank 0 broadcasts, and the results file's module."""
+"""The metric beside the next cell's inference.
+
+Saved predictions, resuming, a dying worker, the plan rank 0 broadcasts, and the results file's
+module.
+"""
 import json
 import os
 import signal
@@ -64,9 +67,12 @@ class _Opaque:
 
 
 def test_data_structures_are_kept_and_unknown_objects_refused_before_writing(tmp_path):
-    """A metric's OpenMMLab data structures (mmdet's BitmapMasks in the ground truth a
-    DumpResults keeps) round-trip; an unknown object is refused while saving (the loop then
-    computes that cell's metric in place), and no file is left."""
+    """A metric's OpenMMLab data structures round-trip.
+
+    A metric's OpenMMLab data structures (mmdet's BitmapMasks in the ground truth a DumpResults
+    keeps) round-trip; an unknown object is refused while saving (the loop then computes that cell's
+    metric in place), and no file is left.
+    """
     import numpy as np
     from mmdet.structures.mask import BitmapMasks
 
@@ -88,8 +94,10 @@ class _Evil:
 
 
 def test_predictions_headers_are_read_without_unpickling_and_payloads_safely(tmp_path):
-    """saved_cells reads a small header per file (never the payload); a payload naming
-    anything but data is refused by the loader, nothing of it runs."""
+    """saved_cells reads a small header per file (never the payload).
+
+    A payload naming anything but data is refused by the loader, nothing of it runs.
+    """
     import pickle
 
     from mmrobust.evaluation.background import PREDICTIONS_FORMAT, load_cell_predictions
@@ -103,8 +111,11 @@ def test_predictions_headers_are_read_without_unpickling_and_payloads_safely(tmp
 
 
 def test_orphan_and_old_format_predictions_are_not_used(tmp_path):
-    """A file of this evaluation whose cell it does not plan (an attack cell after a rerun
-    without attacks), and a file in the old general-pickle format, are listed as unused."""
+    """A file of this evaluation whose cell it does not plan.
+
+    An attack cell after a rerun without attacks. And a file in the old general-pickle format, are
+    listed as unused.
+    """
     import pickle
     save_cell_predictions(predictions_path(str(tmp_path), 'pgd_linf', 1), 'a', 'pgd_linf', 1,
                           [[]], {}, {})
@@ -128,8 +139,11 @@ def test_results_are_read_with_their_format_checked(tmp_path):
 
 
 def test_every_rank_gets_rank0s_plan_and_its_error(monkeypatch):
-    """Rank 0 alone reads the results file; the others take its plan, or raise its error,
-    instead of planning from their own view of the file or waiting in a collective."""
+    """Rank 0 alone reads the results file.
+
+    The others take its plan, or raise its error, instead of planning from their own view of the
+    file or waiting in a collective.
+    """
     from mmrobust.evaluation import rank0
     from mmrobust.utils.io import ResultsMismatchError
     sent = rank0.Plan(infer=[('clean', 0), ('fog', 3)])

@@ -1,5 +1,7 @@
-"""The scale benchmark of the robustness loop runs end to end at a tiny size and prints its table
-(the figures themselves are the benchmark's business, not the test's)."""
+"""The scale benchmark of the robustness loop runs end to end at a tiny size and prints its table.
+
+The figures themselves are the benchmark's business, not the test's.
+"""
 import json
 
 import pytest

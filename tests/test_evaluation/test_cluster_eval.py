@@ -1,6 +1,8 @@
-"""The robustness loop on several ranks (2-process gloo groups): a rank without a batch in a
-cell, rank 0 waiting on its metric worker, the worker's imports and the fork of the loader's
-workers."""
+"""The robustness loop on several ranks (2-process gloo groups).
+
+A rank without a batch in a cell, rank 0 waiting on its metric worker, the worker's imports and the
+fork of the loader's workers.
+"""
 import os
 from pathlib import Path
 
@@ -12,8 +14,11 @@ SEG_CFG = 'configs/toy/segformer_mit-b0_toy-cityscapes.py'
 
 
 def _file_barrier(folder: Path, rank: int, world: int, limit: float = 300) -> None:
-    """Every rank here before any goes on, without a collective (whose timeout the tests keep
-    short): a rank's set-up time on a loaded machine is not what they measure."""
+    """Every rank here before any goes on.
+
+    Without a collective (whose timeout the tests keep short): a rank's set-up time on a loaded
+    machine is not what they measure.
+    """
     import time
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f'ready_{rank}').touch()
@@ -25,8 +30,10 @@ def _file_barrier(folder: Path, rank: int, world: int, limit: float = 300) -> No
 
 def _evaluate(rank: int, world: int, config: str, ckpt: str, work: str, options: dict,
               corruptions: list, kwargs: dict) -> dict:
-    """One rank of a robustness run of ``config`` (the cells of ``corruptions`` at severity 1);
-    rank 0 returns the results' cells."""
+    """One rank of a robustness run of ``config`` (the cells of ``corruptions`` at severity 1).
+
+    Rank 0 returns the results' cells.
+    """
     os.chdir(REPO)
     from mmengine.config import Config
 
@@ -53,9 +60,11 @@ ONE_IMAGE = {'test_dataloader.num_workers': 0, 'test_dataloader.persistent_worke
 
 def test_a_rank_without_a_batch_in_a_cell_takes_part_and_the_numbers_equal_one_ranks(
         toy_data, tmp_path, monkeypatch):
-    """One image on 2 ranks with round_up=False: rank 1 has no batch in any cell. It gathers
-    every cell with rank 0 (before, rank 0 waited in the gather until the group's timeout),
-    and the cells equal a 1-rank run's."""
+    """One image on 2 ranks with round_up=False: rank 1 has no batch in any cell.
+
+    It gathers every cell with rank 0 (before, rank 0 waited in the gather until the group's
+    timeout), and the cells equal a 1-rank run's.
+    """
     from test_robustness import _init_checkpoint
     ckpt = str(_init_checkpoint(SEG_CFG, tmp_path / 'seg.pth'))
     args = (ONE_IMAGE, ['gaussian_noise', 'fog'], {'metric_queue': 0, 'per_image': False})
@@ -69,9 +78,12 @@ def test_a_rank_without_a_batch_in_a_cell_takes_part_and_the_numbers_equal_one_r
 
 @pytest.mark.slow
 def test_ranks_wait_for_rank0s_metric_worker_in_short_polls(toy_data, tmp_path, monkeypatch):
-    """Rank 0 waits 2 x 12 s on its metric worker (a full queue, then the last cell) in a group
-    whose collectives time out after 8 s: the other rank waits in 1 s broadcasts (before, it
-    sat in the final barrier until the group's timeout)."""
+    """The other rank waits for rank 0 in short broadcasts.
+
+    Rank 0 waits 2 x 12 s on its metric worker (a full queue, then the last cell) in a group whose
+    collectives time out after 8 s: the other rank waits in 1 s broadcasts (before, it sat in the
+    final barrier until the group's timeout).
+    """
     from test_robustness import _init_checkpoint
 
     from mmrobust.evaluation.background import DELAY_ENV
@@ -100,9 +112,12 @@ def test_rank0s_error_while_it_waits_reaches_every_rank(monkeypatch):
 
 
 def test_the_metric_worker_leaves_no_thread_in_the_loops_process(tmp_path):
-    """The dataloader workers a resume forks after the metric worker started (its saved cells
-    are handed over before inference) find no foreign thread: the worker talks through a pipe
-    (a ProcessPoolExecutor kept a manager and a feeder thread)."""
+    """A resume's dataloader workers find no foreign thread.
+
+    The dataloader workers a resume forks after the metric worker started (its saved cells are
+    handed over before inference) find no foreign thread: the worker talks through a pipe (a
+    ProcessPoolExecutor kept a manager and a feeder thread).
+    """
     import threading
 
     import torch
@@ -139,8 +154,11 @@ class {name}(IoUMetric):
 
 
 def test_a_metric_of_a_user_module_is_computed_by_the_worker(toy_data, tmp_path, monkeypatch):
-    """The config's custom_imports register the metric; the worker imports them too (before,
-    the run failed after the whole inference with 'not in the metric registry')."""
+    """The config's custom_imports register the metric.
+
+    The worker imports them too (before, the run failed after the whole inference with 'not in the
+    metric registry').
+    """
     from test_robustness import _init_checkpoint
     (tmp_path / 'lab_metrics.py').write_text(LAB_METRIC.format(name='LabIoUMetric'))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -171,8 +189,10 @@ def test_a_metric_the_worker_cannot_import_stops_before_inference(tmp_path):
 
 
 def _det_sample(masks: int = 100, h: int = 480, w: int = 640) -> dict:
-    """A Mask R-CNN sample as Evaluator.process hands it: full-size elliptic masks, and the
-    ground truth with its masks."""
+    """A Mask R-CNN sample as Evaluator.process hands it.
+
+    Full-size elliptic masks, and the ground truth with its masks.
+    """
     import numpy as np
     import torch
     rng = np.random.default_rng(0)
@@ -188,8 +208,10 @@ def _det_sample(masks: int = 100, h: int = 480, w: int = 640) -> dict:
 
 
 def test_saved_predictions_are_compact_and_complete():
-    """--save-predictions keeps RLE masks (as mmdet's DumpDetResults) and uint8 label maps, no
-    logits and no ground truth: bytes per image measured against what DumpResults kept."""
+    """--save-predictions keeps RLE masks (as mmdet's DumpDetResults) and uint8 label maps.
+
+    No logits and no ground truth: bytes per image measured against what DumpResults kept.
+    """
     import pickle
 
     import numpy as np
@@ -256,9 +278,12 @@ class LabFilesMetric(BaseMetric):
 
 @pytest.mark.parametrize('queue', [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_metric_that_writes_files_reads_only_its_cells(toy_data, tmp_path, monkeypatch, queue):
-    """Three cells of two images, the metric right after each cell (queue 0) or a cell behind
-    (queue 2, the worker waits 3 s): each cell's metric reads its own two files (before, one
-    folder for every cell: a cell counted the files of the cells before it, or after it)."""
+    """Three cells of two images.
+
+    The metric right after each cell (queue 0) or a cell behind (queue 2, the worker waits 3 s):
+    each cell's metric reads its own two files (before, one folder for every cell: a cell counted
+    the files of the cells before it, or after it).
+    """
     from test_robustness import _init_checkpoint
 
     from mmrobust.evaluation.background import DELAY_ENV

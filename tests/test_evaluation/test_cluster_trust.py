@@ -1,5 +1,7 @@
-"""Trust on a cluster: the results-file lock ends or waits on every rank alike, with no rank left
-in a long collective, and releases only the lock file it holds."""
+"""Trust on a cluster: the results-file lock ends or waits on every rank alike.
+
+With no rank left in a long collective, and releases only the lock file it holds.
+"""
 import json
 import os
 import threading
@@ -22,16 +24,21 @@ def _lock_outcome(rank: int, world: int, target: str, wait: bool) -> tuple:
 
 
 def _two_ranks(target: str, wait: bool, timeout_s: float, limit: float = 60.0) -> dict:
-    """``{rank: (outcome, seconds)}`` of 2 ranks whose collectives time out after
-    ``timeout_s``, launched by the suite's launcher (a rank that crashes fails the test)."""
+    """``{rank: (outcome, seconds)}`` of 2 ranks whose collectives time out after ``timeout_s``.
+
+    Launched by the suite's launcher (a rank that crashes fails the test).
+    """
     from helpers import run_ranks
     return dict(enumerate(run_ranks(_lock_outcome, target, wait, limit=limit,
                                     group_timeout_s=timeout_s)))
 
 
 def test_any_rank0_error_reaches_every_rank_at_once(tmp_path):
-    """A lock that cannot be made (here: its folder is a file) stops both ranks with rank 0's
-    message; before, rank 1 sat in the broadcast until the process group's timeout."""
+    """A lock that cannot be made stops both ranks with rank 0's message.
+
+    A lock that cannot be made (here: its folder is a file) stops both ranks with rank 0's message;
+    before, rank 1 sat in the broadcast until the process group's timeout.
+    """
     (tmp_path / 'not_a_dir').write_text('a file')
     out = _two_ranks(str(tmp_path / 'not_a_dir' / 'r.json'), wait=False, timeout_s=30)
     for rank in (0, 1):
@@ -42,8 +49,11 @@ def test_any_rank0_error_reaches_every_rank_at_once(tmp_path):
 
 @pytest.mark.slow
 def test_waiting_polls_so_no_rank_sits_in_a_long_collective(tmp_path):
-    """--wait while another run holds the file: both ranks poll in short rounds and enter
-    together once it is released, though the group's timeout (3 s) is shorter than the wait."""
+    """--wait while another run holds the file.
+
+    Both ranks poll in short rounds and enter together once it is released, though the group's
+    timeout (3 s) is shorter than the wait.
+    """
     target = tmp_path / 'r.json'
     held, released = threading.Event(), []
 
@@ -79,8 +89,11 @@ def test_a_failed_unlink_does_not_hide_the_real_error(tmp_path):
 
 
 def test_a_lock_file_naming_another_host_is_reported(tmp_path):
-    """flock may be node-local on a cluster file system: a lock file that names a holder on
-    another host (left by a run there, maybe still going) is said, not silently taken over."""
+    """Flock may be node-local on a cluster file system.
+
+    A lock file that names a holder on another host (left by a run there, maybe still going) is
+    said, not silently taken over.
+    """
     target = tmp_path / 'r.json'
     (tmp_path / 'r.json.lock').write_text(json.dumps({
         'pid': 4242, 'host': 'node-elsewhere', 'user': 'u', 'since': 'then', 'command': 'c'}))
@@ -127,8 +140,11 @@ def test_missing_batchnorm_counters_load_as_in_mmengine():
 
 
 def test_a_module_that_remaps_its_keys_loads():
-    """e.g. mmcv's deformable convolutions and old BatchNorm versions rename keys in their own
-    ``_load_from_state_dict``: mmengine loads them completely, and so must the check."""
+    """Keys renamed in a module's own ``_load_from_state_dict`` load.
+
+    e.g. mmcv's deformable convolutions and old BatchNorm versions rename keys in their own
+    ``_load_from_state_dict``: mmengine loads them completely, and so must the check.
+    """
     import torch
 
     from mmrobust.engine import StrictLoadHook
@@ -185,8 +201,10 @@ def test_a_partial_load_records_what_happened():
 
 @pytest.mark.slow
 def test_test_tool_loads_a_checkpoint_without_batchnorm_counters(toy_data, tmp_path):
-    """tools/test.py loads it as mmengine does (before: refused, 'missing keys ...
-    num_batches_tracked')."""
+    """tools/test.py loads it as mmengine does.
+
+    Before: refused, 'missing keys ... num_batches_tracked'.
+    """
     import torch
     from test_robustness import NO_WORKERS, SEG_CFG, _init_checkpoint
 

@@ -1,7 +1,10 @@
-"""The COCO backends give pycocotools' numbers: all 12 of bbox and of segm, to 1e-4, on a
-synthetic set with masks, crowd regions, empty images and images without detections, with COCO's
-parameters and with mmdet's (maxDets 100/300/1000), and on the toy set with the trained toy
-detector's predictions; RobustCocoMetric gives mmdet's CocoMetric's keys with each backend."""
+"""The COCO backends give pycocotools' numbers.
+
+All 12 of bbox and of segm, to 1e-4, on a synthetic set with masks, crowd regions, empty images and
+images without detections, with COCO's parameters and with mmdet's (maxDets 100/300/1000), and on
+the toy set with the trained toy detector's predictions; RobustCocoMetric gives mmdet's CocoMetric's
+keys with each backend.
+"""
 import copy
 import json
 import pickle
@@ -44,8 +47,10 @@ def _stats(backend: str, gt_file: str, results: list, iou_type: str, mmdet_param
 
 @pytest.fixture(scope='module')
 def synthetic(tmp_path_factory):
-    """150 images: masks, crowd regions in ~30 %, ~10 % without objects, ~5 % without
-    detections, 105 detections per image (over COCO's 100) over 20 classes."""
+    """150 images: masks, crowd regions in ~30 %, ~10 % without objects, ~5 % without detections.
+
+    105 detections per image (over COCO's 100) over 20 classes.
+    """
     gt = synthetic_coco_gt(150, num_classes=20, crowd_prob=0.3, empty_prob=0.1, seed=3)
     dets = synthetic_detections(gt, per_image=105, no_detection_prob=0.05, seed=3)
     path = tmp_path_factory.mktemp('coco') / 'gt.json'
@@ -91,7 +96,7 @@ def test_backends_equal_pycocotools_on_a_synthetic_set(synthetic, reference, bac
 
 
 def _samples(dets):
-    """`dets` as mmdet's CocoMetric.process receives them."""
+    """``dets`` as mmdet's CocoMetric.process receives them."""
     return [{'img_id': d['img_id'], 'ori_shape': d['ori_shape'],
              'pred_instances': {'bboxes': torch.from_numpy(d['bboxes']),
                                 'scores': torch.from_numpy(d['scores']),
@@ -290,9 +295,12 @@ def test_masks_are_run_length_encoded_as_pycocotools_does(size):
 @pytest.mark.parametrize('size', [(1, 1), (1, 5), (5, 1), (7, 3), (33, 17), (480, 640)])
 @pytest.mark.parametrize('chunk', [1, 1 << 28])
 def test_masks_on_a_device_are_encoded_there_as_pycocotools_does(size, chunk, monkeypatch):
-    """The device path (change points found by tensor ops, only they copied to the host) over
-    empty, full, noisy and wrap-around masks (a run from one column's bottom into the next's
-    top), in one chunk and mask by mask; on CUDA too where there is one."""
+    """The device RLE path gives pycocotools' bytes.
+
+    The device path (change points found by tensor ops, only they copied to the host) over empty,
+    full, noisy and wrap-around masks (a run from one column's bottom into the next's top), in one
+    chunk and mask by mask; on CUDA too where there is one.
+    """
     from mmdet.structures.mask import encode_mask_results
 
     from mmrobust.evaluation import mask_rle

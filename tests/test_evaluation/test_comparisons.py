@@ -1,6 +1,9 @@
-"""What a reviewer asks of robustness numbers (evaluation/comparisons.py): effective robustness
-recovered on a synthetic family of models, per-corruption differences with Holm's correction,
-seeds inside the interval (two-level bootstrap), and pycocotools' -1 kept out of intervals."""
+"""What a reviewer asks of robustness numbers (evaluation/comparisons.py).
+
+Effective robustness recovered on a synthetic family of models, per-corruption differences with
+Holm's correction, seeds inside the interval (two-level bootstrap), and pycocotools' -1 kept out of
+intervals.
+"""
 import json
 
 import numpy as np
@@ -26,8 +29,10 @@ def _sigmoid(v):
 
 @pytest.mark.parametrize('axis', ['logit', 'linear'])
 def test_effective_robustness_recovers_a_model_above_the_baselines_line(axis):
-    """Baselines exactly on a known trend (mIoU in %), a model 5 points above it: its ER is 5
-    within its interval, the baselines' about 0; the line is the one they were made on."""
+    """Baselines exactly on a known trend (mIoU in %), a model 5 points above it.
+
+    Its ER is 5 within its interval, the baselines' about 0; the line is the one they were made on.
+    """
     rng = np.random.default_rng(0)
     a, b = 1.3, -0.9
     clean = np.array([35., 45., 55., 65., 75.])
@@ -66,9 +71,11 @@ def test_holm_by_hand_and_bootstrap_p():
 
 
 def test_per_corruption_differences_find_the_corruptions_that_differ():
-    """Two models on 5 corruptions x 3 severities, shared image draws: the second is 0.05
-    better on two corruptions and equal on three; Holm's correction flags exactly the two,
-    and every interval holds the true difference."""
+    """Two models on 5 corruptions x 3 severities, shared image draws.
+
+    The second is 0.05 better on two corruptions and equal on three; Holm's correction flags exactly
+    the two, and every interval holds the true difference.
+    """
     rng = np.random.default_rng(1)
     true = {'gaussian_noise': 0.05, 'fog': 0.05, 'snow': 0.0, 'contrast': 0.0, 'blur': 0.0}
     base, other, base_pt, other_pt = {}, {}, {}, {}
@@ -88,9 +95,12 @@ def test_per_corruption_differences_find_the_corruptions_that_differ():
 
 
 def test_two_level_bootstrap_covers_a_seed_effect_the_one_level_misses():
-    """Two recipes of equal quality whose seeds differ much more than the test images make
-    them differ: the one-level interval (seeds averaged) rarely covers the true difference 0,
-    the two-level one covers it near the stated 95% (20 seeds each, 200 experiments)."""
+    """The two-level seed bootstrap covers a seed effect that one level misses.
+
+    Two recipes of equal quality whose seeds differ much more than the test images make them differ:
+    the one-level interval (seeds averaged) rarely covers the true difference 0, the two-level one
+    covers it near the stated 95% (20 seeds each, 200 experiments).
+    """
     rng = np.random.default_rng(2)
     covered_one = covered_two = 0
     trials = 200
@@ -107,8 +117,10 @@ def test_two_level_bootstrap_covers_a_seed_effect_the_one_level_misses():
 
 
 def test_a_replicate_without_ground_truth_in_an_area_range_is_left_out(tmp_path):
-    """pycocotools' -1 (no large object in the resampled images) becomes NaN: the interval
-    is that of the replicates that have a value, not pulled towards -1."""
+    """pycocotools' -1 (no large object in the resampled images) becomes NaN.
+
+    The interval is that of the replicates that have a value, not pulled towards -1.
+    """
     from test_uncertainty import _evaluated
 
     from mmrobust.datasets.synthetic_coco import (

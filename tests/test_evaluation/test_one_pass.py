@@ -1,5 +1,8 @@
-"""The one-pass loop's data: every cell's model inputs byte-identical to a per-cell rebuild, with
-0, 1 and 2 workers, batch sizes 1 and 3, on the fly and from a stored set."""
+"""The one-pass loop's data is byte-identical to a per-cell rebuild.
+
+The one-pass loop's data: every cell's model inputs byte-identical to a per-cell rebuild, with 0, 1
+and 2 workers, batch sizes 1 and 3, on the fly and from a stored set.
+"""
 import hashlib
 from typing import Dict, List, Tuple
 
@@ -72,9 +75,11 @@ def test_one_pass_inputs_equal_per_cell_rebuild(toy_data, tmp_path, stored):
 @pytest.mark.slow
 def test_one_pass_parses_annotations_once_and_says_where_the_time_went(toy_data, tmp_path,
                                                                         monkeypatch, capsys):
-    """Three cells: the COCO annotations are parsed once by the dataset and once by the metric
-    (not once per cell); one progress line counts images; the time summary is in the log and
-    in the results file."""
+    """Three cells: the COCO annotations are parsed once by the dataset and once by the metric.
+
+    Not once per cell. One progress line counts images; the time summary is in the log and in the
+    results file.
+    """
     from mmdet.datasets import CocoDataset
     from test_robustness import _init_checkpoint
 

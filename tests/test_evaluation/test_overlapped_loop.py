@@ -1,7 +1,9 @@
-"""The robustness loop's host work beside the model (evaluation/overlapped_loop.py): batches
-post-processed in order on a thread, preprocessed ahead on another, errors raised in the loop,
-and a run's numbers identical to the serial loop's; ground-truth masks that no metric reads
-are not decoded."""
+"""The robustness loop's host work beside the model (evaluation/overlapped_loop.py).
+
+Batches post-processed in order on a thread, preprocessed ahead on another, errors raised in the
+loop, and a run's numbers identical to the serial loop's; ground-truth masks that no metric reads
+are not decoded.
+"""
 import threading
 import time
 
@@ -128,8 +130,10 @@ def _sample(shape):
 
 @MODELS.register_module(force=True)
 class OverlapStub(BaseDetector):
-    """Predicts the ground-truth boxes, shifted and scored by the image's content (so cells
-    differ), with box-shaped masks at the original size."""
+    """Predicts the ground-truth boxes, shifted and scored by the image's content (so cells differ).
+
+    With box-shaped masks at the original size.
+    """
 
     def __init__(self, data_preprocessor=None) -> None:
         super().__init__(data_preprocessor=data_preprocessor or dict(
@@ -193,9 +197,12 @@ def _run(tmp_path, name, **options):
 
 
 def test_overlapped_loop_scores_as_the_serial_loop(toy_data, tmp_path):
-    """Prefetch and post-processing threads (one dataloader for all cells, and one per cell)
-    give every cell the serial loop's numbers and per-image statistics, byte for byte; the
-    ground-truth masks, which the COCO metric does not read, are not decoded."""
+    """The overlapped loop gives the serial loop's numbers.
+
+    Prefetch and post-processing threads (one dataloader for all cells, and one per cell) give every
+    cell the serial loop's numbers and per-image statistics, byte for byte; the ground-truth masks,
+    which the COCO metric does not read, are not decoded.
+    """
     serial, serial_stats = _run(tmp_path, 'serial', post_process_queue=0, prefetch=0,
                                 metric_queue=0)
     assert serial['cells']['clean']['0']['coco/segm_mAP'] > 0

@@ -79,10 +79,12 @@ def _cityscapes_c_cells(noise: float = 40.0, rest: float = 70.0) -> dict:
 
 
 def test_cityscapes_c_mpc_weighs_every_corruption_alike():
-    """4 noise corruptions at severities 1-3 and 12 others at 1-5: the mean of the 16
-    per-corruption means (SegFormer's and FAN's estimator) is 62.5; the flat mean over the 72
-    cells read 65.0, overstating robustness where noise is hardest. The bootstrap's replicates
-    use the same estimator."""
+    """4 noise corruptions at severities 1-3 and 12 others at 1-5.
+
+    The mean of the 16 per-corruption means (SegFormer's and FAN's estimator) is 62.5; the flat mean
+    over the 72 cells read 65.0, overstating robustness where noise is hardest. The bootstrap's
+    replicates use the same estimator.
+    """
     import numpy as np
 
     from mmrobust.evaluation.uncertainty import replicate_summary
@@ -103,8 +105,10 @@ def test_cityscapes_c_mpc_weighs_every_corruption_alike():
 
 
 def test_categories_follow_the_protocols_source():
-    """Brightness is weather in ImageNet-C's grouping (COCO-C), digital in SegFormer's
-    Cityscapes-C table (with contrast, saturate and JPEG)."""
+    """Brightness is weather in ImageNet-C's grouping (COCO-C).
+
+    Digital in SegFormer's Cityscapes-C table (with contrast, saturate and JPEG).
+    """
     cells = _cityscapes_c_cells()
     cells['brightness'] = {s: {'mIoU': 10.0} for s in range(1, 6)}
     city = robustness_summary(cells, get_protocol('cityscapes_c'))['metrics']['mIoU']
@@ -122,8 +126,10 @@ def test_categories_follow_the_protocols_source():
 
 
 def test_published_faster_rcnn_table():
-    """The 15 published per-corruption means average to mPC 18.2 = 50.2% of P_clean 36.3 (the
-    paper's 50.1% comes from its unrounded cells)."""
+    """The 15 published per-corruption means average to mPC 18.2 = 50.2% of P_clean 36.3.
+
+    The paper's 50.1% comes from its unrounded cells.
+    """
     protocol = get_protocol('benchmark')
     cells = {'clean': {0: {'bbox_mAP': 36.3}}}
     for corruption, mean in FASTER_RCNN.items():
@@ -326,8 +332,11 @@ def test_segmentor_on_the_fly_equals_stored(toy_data, tmp_path):
 
 
 def test_two_processes_match_one(toy_data, trained_toy_detector, tmp_path):
-    """--launcher pytorch (2 CPU processes, one dataloader, background metrics) gives the numbers
-    of a single process (a dataloader per cell, serial metrics)."""
+    """--launcher pytorch gives the numbers of a single process.
+
+    --launcher pytorch (2 CPU processes, one dataloader, background metrics) gives the numbers of a
+    single process (a dataloader per cell, serial metrics).
+    """
     ckpt = trained_toy_detector / 'iter_300.pth'
     cells = ['--corruptions', 'contrast', '--severities', '5']
     single = tmp_path / 'one.json'  # the loop before the one-pass loader and the background
@@ -342,7 +351,7 @@ def test_two_processes_match_one(toy_data, trained_toy_detector, tmp_path):
 
 @pytest.mark.slow
 def test_mmdet_results_pickle_is_read_safely(tmp_path):
-    """mmdet 3.3's own `*_results.pkl` ({corruption: {severity: metrics}}, 0 = clean)."""
+    """mmdet 3.3's own ``*_results.pkl`` ({corruption: {severity: metrics}}, 0 = clean)."""
     data = {'gaussian_noise': {0: {'coco/bbox_mAP': np.float64(0.4)},
                                1: {'coco/bbox_mAP': np.float64(0.3)}},
             'fog': {0: {'coco/bbox_mAP': np.float64(0.4)}, 1: {'coco/bbox_mAP': 0.35}}}
@@ -365,9 +374,11 @@ def test_mmdet_results_pickle_is_read_safely(tmp_path):
 
 
 def _leaderboard_pickle(path: Path, clean: float = 0.363) -> None:
-    """A COCO-C leaderboard results file as mmdet 1.x / 2.x's test_robustness.py writes it:
-    {corruption: {severity: {'bbox': {'AP': ..., ...}}}}, numpy scalars, pickle protocol 2,
-    the 15 benchmark corruptions at Faster R-CNN's published means and the 4 held-out at 0.30."""
+    """A COCO-C leaderboard results file as mmdet 1.x / 2.x's test_robustness.py writes it.
+
+    {corruption: {severity: {'bbox': {'AP': ..., ...}}}}, numpy scalars, pickle protocol 2, the 15
+    benchmark corruptions at Faster R-CNN's published means and the 4 held-out at 0.30.
+    """
     data = {}
     for corruption in CORRUPTIONS:
         mean = FASTER_RCNN.get(corruption, 30.0) / 100
@@ -379,10 +390,12 @@ def _leaderboard_pickle(path: Path, clean: float = 0.363) -> None:
 
 
 def test_leaderboard_results_pickle_averages_the_15_benchmark_corruptions(tmp_path):
-    """Its numpy scalars need _codecs.encode (refused before), its nested metrics are mapped
-    (dropped before, leaving empty cells), and mPC is over the 15 benchmark corruptions as
-    mmdet's robustness_eval.py and the paper average (18.2 = 50.2 % of 36.3), with the
-    aggregate said; --aggregate all gives the mean of all 19."""
+    """Its numpy scalars need _codecs.encode (refused before).
+
+    Its nested metrics are mapped (dropped before, leaving empty cells), and mPC is over the 15
+    benchmark corruptions as mmdet's robustness_eval.py and the paper average (18.2 = 50.2 % of
+    36.3), with the aggregate said; --aggregate all gives the mean of all 19.
+    """
     path = tmp_path / 'faster_rcnn_r50_fpn_1x_results.pkl'
     _leaderboard_pickle(path)
     assert b'_codecs' in path.read_bytes()
@@ -417,8 +430,10 @@ def test_a_reference_without_a_drop_is_warned_of():
 
 
 def test_a_predictions_dump_points_at_the_metrics_file(tmp_path):
-    """mmdet's test_robustness writes predictions to --out x.pkl, the metrics to
-    x_results.pkl; given the first, the report says to pass the second."""
+    """mmdet's test_robustness writes predictions to --out x.pkl, the metrics to x_results.pkl.
+
+    Given the first, the report says to pass the second.
+    """
     dump = tmp_path / 'x.pkl'
     dump.write_bytes(pickle.dumps([{'img_id': 1, 'pred_instances': {
         'scores': np.zeros(3, np.float32)}}]))
@@ -471,8 +486,11 @@ def test_one_writer_per_results_file(tmp_path):
 
 
 def test_second_robustness_run_on_one_results_file_is_refused(toy_data, tmp_path):
-    """A second test_robustness.py on a results file another run writes stops at once with
-    who holds it, before loading or computing anything."""
+    """A second run on a results file another run writes stops at once.
+
+    A second test_robustness.py on a results file another run writes stops at once with who holds
+    it, before loading or computing anything.
+    """
     from mmrobust.utils import exclusive_lock
     ckpt = _init_checkpoint(SEG_CFG, tmp_path / 'seg.pth')
     results = tmp_path / 'r.json'
@@ -510,9 +528,11 @@ SEG_FEW = [*NO_WORKERS, 'test_dataloader.dataset.indices=3']
 
 @pytest.mark.slow
 def test_attack_cells_beside_corruptions_report_and_two_processes(toy_data, tmp_path):
-    """Attack cells in the results file next to a corruption cell: epsilon 0 is the clean
-    score exactly, the score falls under attack, the report has the table, CSV and curve, and 2
-    processes give the numbers of 1 (per-image seeding)."""
+    """Attack cells in the results file next to a corruption cell.
+
+    Epsilon 0 is the clean score exactly, the score falls under attack, the report has the table,
+    CSV and curve, and 2 processes give the numbers of 1 (per-image seeding).
+    """
     ckpt = _init_checkpoint(SEG_CFG, tmp_path / 'seg.pth')
     results = tmp_path / 'r.json'
     proc = run_tool('test_robustness.py', SEG_CFG, ckpt, *ATTACK_CELLS, '--results', results,
@@ -549,8 +569,10 @@ def test_attack_cells_beside_corruptions_report_and_two_processes(toy_data, tmp_
 
 
 def test_every_attack_figure_comes_with_its_steps(tmp_path):
-    """A 10-step number overstates robustness (Halmosi et al. 2023, Croce et al. 2024): the
-    report's table, CSV and plot legend print each attack's steps, start and restarts."""
+    """A 10-step number overstates robustness (Halmosi et al. 2023, Croce et al. 2024).
+
+    The report's table, CSV and plot legend print each attack's steps, start and restarts.
+    """
     import csv
 
     from mmrobust.evaluation.attacks import attack_plan
@@ -586,9 +608,11 @@ def test_bad_attack_arguments_stop_before_anything_is_built(args, message, tmp_p
 
 @pytest.mark.slow
 def test_detector_attack_cells_run_and_resume(toy_data, tmp_path):
-    """PGD cells on the toy Mask R-CNN (ground truth loaded after Resize, rescaled for the
-    loss): recorded with the report's table and curve, epsilon 0 equal to clean, a rerun adds
-    nothing. (SegPGD on a detector: tests/test_evaluation/test_attacks.py.)"""
+    """PGD cells on the toy Mask R-CNN (ground truth loaded after Resize, rescaled for the loss).
+
+    Recorded with the report's table and curve, epsilon 0 equal to clean, a rerun adds nothing.
+    (SegPGD on a detector: tests/test_evaluation/test_attacks.py.)
+    """
     ckpt = _init_checkpoint(DET_CFG, tmp_path / 'det.pth')
     results = tmp_path / 'det.json'
     args = [DET_CFG, ckpt, '--attacks', 'pgd_linf', '--epsilons', '0', '4/255',

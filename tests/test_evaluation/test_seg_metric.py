@@ -1,5 +1,8 @@
-"""FastIoUMetric gives mmseg's IoUMetric numbers exactly (integer counts), for every map a
-segmentor and a dataset can produce, and robustness runs use it in place of IoUMetric."""
+"""FastIoUMetric gives mmseg's IoUMetric numbers exactly (integer counts).
+
+For every map a segmentor and a dataset can produce, and robustness runs use it in place of
+IoUMetric.
+"""
 import pytest
 import torch
 from mmseg.evaluation import IoUMetric

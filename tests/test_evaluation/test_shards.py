@@ -110,8 +110,11 @@ def test_every_recorded_setting_is_compared_or_declared_informational():
 
 @pytest.mark.parametrize('key', [k for k in RECORDED if k in IDENTITY_KEYS and k != 'shard'])
 def test_shards_of_different_evaluations_are_refused(key):
-    """Every recorded setting that changes a number (derived from what the writer records,
-    not from IDENTITY_KEYS) refuses the merge and changes the fingerprint of side files."""
+    """Every recorded setting that changes a number refuses the merge.
+
+    Every recorded setting that changes a number (derived from what the writer records, not from
+    IDENTITY_KEYS) refuses the merge and changes the fingerprint of side files.
+    """
     first = {**RECORDED, 'cells': A}
     other = {**RECORDED, 'cells': B, 'shard': {'index': 1, 'count': 2},
              key: _changed(RECORDED[key])}
@@ -155,8 +158,11 @@ def test_a_stored_set_of_other_provenance_is_refused_on_resume(tmp_path):
 
 
 def test_a_results_file_of_an_earlier_mmrobust_still_resumes(tmp_path, monkeypatch):
-    """A file without identity_keys: its keys of the time are compared, the new ones it lacks
-    are logged as not compared, and its side files keep their fingerprint."""
+    """A file without identity_keys.
+
+    Its keys of the time are compared, the new ones it lacks are logged as not compared, and its
+    side files keep their fingerprint.
+    """
     path = tmp_path / 'old.json'
     identity = _writer_identity(shard=None, attacks=None)
     old = {k: v for k, v in identity.items()
@@ -281,8 +287,10 @@ def test_a_killed_shard_resumes_like_an_unsharded_run(toy_data, tmp_path):
 
 
 def test_one_layout_names_every_side_file(tmp_path):
-    """The side folders and per-cell files of a results file, named in one place and used by
-    the predictions, the statistics and the report."""
+    """The side folders and per-cell files of a results file.
+
+    Named in one place and used by the predictions, the statistics and the report.
+    """
     from mmrobust.evaluation.background import predictions_dir, predictions_path
     from mmrobust.evaluation.per_image import stats_dir, stats_path
     from mmrobust.evaluation.results import ResultsLayout, report_dir
@@ -299,10 +307,12 @@ def test_one_layout_names_every_side_file(tmp_path):
 
 def test_a_results_file_of_an_earlier_writer_loads_and_resumes_unchanged(toy_data, tmp_path,
                                                                          monkeypatch):
-    """tests/data/legacy_results/robustness_1d1a892.json was written by the evaluation at
-    1d1a892 (the toy SegFormer, initial weights, no checkpoint, gaussian_noise 1 and fog 1 on
-    2 images): today's reader loads it, and today's evaluation resumes it without inferring
-    anything and keeps its numbers."""
+    """tests/data/legacy_results/robustness_1d1a892.json was written by the evaluation at 1d1a892.
+
+    The toy SegFormer, initial weights, no checkpoint, gaussian_noise 1 and fog 1 on 2 images.
+    Today's reader loads it, and today's evaluation resumes it without inferring anything and keeps
+    its numbers.
+    """
     import shutil
 
     from mmengine.config import Config

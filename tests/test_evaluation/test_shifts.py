@@ -1,7 +1,9 @@
-"""Real-world shift cells (mmrobust/datasets/shift_sets.py): the sets' published layouts (toy
-versions from the project's generator), the checks before inference, and shift cells beside
-corruption cells in one results file and one report, not in mPC, scored as tools/test.py
-scores the config pointed at that set."""
+"""Real-world shift cells (mmrobust/datasets/shift_sets.py).
+
+The sets' published layouts (toy versions from the project's generator), the checks before
+inference, and shift cells beside corruption cells in one results file and one report, not in mPC,
+scored as tools/test.py scores the config pointed at that set.
+"""
 import csv
 import json
 import re
@@ -45,9 +47,11 @@ def test_shift_names_bundles_aliases_and_levels():
 
 
 def test_toy_sets_are_laid_out_as_published_and_build_with_the_configs_dataset(toy_data):
-    """Each toy set passes the layout check and the config's own dataset class reads the
-    number of images it holds, with a label for each (segmentation) or its annotation file
-    (COCO-O)."""
+    """Each toy set passes the layout check and builds with the config's class.
+
+    Each toy set passes the layout check and the config's own dataset class reads the number of
+    images it holds, with a label for each (segmentation) or its annotation file (COCO-O).
+    """
     from mmengine.config import Config
     from mmengine.registry import DATASETS, init_default_scope
 
@@ -105,9 +109,12 @@ def test_a_missing_or_mislaid_set_says_the_layout_and_where_to_get_it(toy_data, 
 
 
 def test_shift_cells_beside_corruption_cells_one_file_one_report(toy_data, tmp_path):
-    """A Cityscapes-C run with real-world cells: one results file whose mPC is the corruption
-    cells' alone, resumed without inference; its report has the shift table, CSV and plot;
-    a shift cell's mIoU equals tools/test.py's on the config pointed at that set."""
+    """A Cityscapes-C run with real-world cells.
+
+    One results file whose mPC is the corruption cells' alone, resumed without inference; its report
+    has the shift table, CSV and plot; a shift cell's mIoU equals tools/test.py's on the config
+    pointed at that set.
+    """
     from test_robustness import _init_checkpoint
     ckpt = _init_checkpoint(SEG_CFG, tmp_path / 'seg.pth')
     results = tmp_path / 'r.json'
@@ -158,9 +165,11 @@ def test_shift_cells_beside_corruption_cells_one_file_one_report(toy_data, tmp_p
 
 @pytest.mark.slow
 def test_detector_with_coco_o_cells(toy_data, trained_toy_detector, tmp_path):
-    """The trained toy detector on a COCO-C cell and COCO-O's six domains: one results file,
-    the COCO metric of each domain scored against that domain's annotation file, one report
-    with both tables and the shift plot."""
+    """The trained toy detector on a COCO-C cell and COCO-O's six domains.
+
+    One results file, the COCO metric of each domain scored against that domain's annotation file,
+    one report with both tables and the shift plot.
+    """
     ckpt = trained_toy_detector / 'iter_300.pth'
     results = tmp_path / 'det.json'
     proc = run_tool('test_robustness.py', 'configs/toy/mask-rcnn_fan-t-hybrid_fpn_toy-coco.py',

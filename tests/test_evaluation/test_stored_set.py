@@ -1,6 +1,9 @@
-"""A stored corrupted set is read for what it is: its manifest's provenance is recorded and
-checked (seed, colour order, half-written, failed sources), and every sample's image is mapped
-into the cell's folder however its path was formed, or refused before any inference."""
+"""A stored corrupted set is read for what it is.
+
+Its manifest's provenance is recorded and checked (seed, colour order, half-written, failed
+sources), and every sample's image is mapped into the cell's folder however its path was formed, or
+refused before any inference.
+"""
 import json
 import shutil
 import types
@@ -82,8 +85,10 @@ def _det_cfg(data_root: Path, img_prefix: str) -> Config:
 
 
 def test_a_stored_cell_reads_the_stored_image_with_an_absolute_data_prefix(toy_data, tmp_path):
-    """Per-cell loaders: with an absolute data_prefix mmengine ignores data_root, so replacing
-    data_root read the clean image under a 'fog 3' label; every sample is mapped now."""
+    """Per-cell loaders: with an absolute data_prefix mmengine ignores data_root.
+
+    So replacing data_root read the clean image under a 'fog 3' label; every sample is mapped now.
+    """
     from mmengine.registry import DATASETS, init_default_scope
 
     from mmrobust.evaluation import cell_dataloader
@@ -137,8 +142,10 @@ def test_the_tool_refuses_a_half_written_set(toy_data, tmp_path):
 
 @pytest.mark.slow
 def test_the_results_record_the_sets_own_seed(toy_data, tmp_path):
-    """A set written with --seed 3 is recorded as seed 3 (not the default 0), with its
-    provenance; --seed 0 against it is refused."""
+    """A set written with --seed 3 is recorded as seed 3 (not the default 0), with its provenance.
+
+    --seed 0 against it is refused.
+    """
     from test_robustness import NO_WORKERS, _init_checkpoint
     ckpt = _init_checkpoint(DEMO_DET_CFG, tmp_path / 'det.pth')
     root = tmp_path / 'c'

@@ -1,8 +1,10 @@
-"""Uncertainty of robustness numbers: the per-image statistics recompute the metrics exactly
-(pycocotools' AP with every backend, mmseg's IoU metrics), a bootstrap replicate equals the
-metric of the resampled set, 95 % intervals cover the true value about 95 % of the time on
-synthetic data with a known answer, and the report gives intervals, paired differences (refused
-for different image sets), seeds and CE / mCE."""
+"""Uncertainty of robustness numbers.
+
+The per-image statistics recompute the metrics exactly (pycocotools' AP with every backend, mmseg's
+IoU metrics), a bootstrap replicate equals the metric of the resampled set, 95 % intervals cover the
+true value about 95 % of the time on synthetic data with a known answer, and the report gives
+intervals, paired differences (refused for different image sets), seeds and CE / mCE.
+"""
 import contextlib
 import copy
 import csv
@@ -87,8 +89,10 @@ def _items(values: dict, row: int = 0) -> np.ndarray:
 @pytest.mark.parametrize('mmdet_params', [False, True], ids=['coco-params', 'mmdet-params'])
 @pytest.mark.parametrize('iou_type', ['bbox', 'segm'])
 def test_per_image_ap_with_unit_weights_is_pycocotools(coco_set, iou_type, mmdet_params):
-    """pycocotools keeps its evalImgs; faster-coco-eval's are rebuilt from its IoUs: both give
-    pycocotools' six AP numbers back, to rounding."""
+    """pycocotools keeps its evalImgs; faster-coco-eval's are rebuilt from its IoUs.
+
+    Both give pycocotools' six AP numbers back, to rounding.
+    """
     path, gt, dets = coco_set
     results = detections_to_coco_results(dets, gt, iou_type)
     reference = _evaluated('pycocotools', path, results, iou_type, mmdet_params)
@@ -107,8 +111,11 @@ def test_per_image_ap_with_unit_weights_is_pycocotools(coco_set, iou_type, mmdet
 
 
 def test_per_image_ap_keeps_the_top_100_of_a_class_for_map_under_mmdets_max_dets(tmp_path):
-    """mmdet's maxDets (100, 300, 1000): mAP counts an image's 100 best detections of a class,
-    mAP_50 and the others 1000; with 150 of one class per image the two differ."""
+    """mmdet's maxDets (100, 300, 1000).
+
+    mAP counts an image's 100 best detections of a class, mAP_50 and the others 1000; with 150 of
+    one class per image the two differ.
+    """
     gt = synthetic_coco_gt(16, num_classes=1, crowd_prob=0.2, empty_prob=0.1, seed=4)
     dets = synthetic_detections(gt, per_image=150, no_detection_prob=0.0, seed=4)
     results = detections_to_coco_results(dets, gt, 'bbox')
@@ -125,8 +132,10 @@ def test_per_image_ap_keeps_the_top_100_of_a_class_for_map_under_mmdets_max_dets
 
 @pytest.mark.parametrize('iou_type', ['bbox', 'segm'])
 def test_a_replicate_is_pycocotools_on_the_resampled_set(coco_set, iou_type, tmp_path):
-    """Weights = draw counts give pycocotools' AP of the set with each drawn image repeated
-    (renumbered copies): nothing is matched again, and nothing differs."""
+    """Weights = draw counts give pycocotools' AP of the set with each drawn image repeated.
+
+    Renumbered copies. Nothing is matched again, and nothing differs.
+    """
     path, gt, dets = coco_set
     results = detections_to_coco_results(dets, gt, iou_type)
     ap = CocoAP(coco_block(_evaluated('pycocotools', path, results, iou_type, True), 'x_'))
@@ -178,9 +187,11 @@ def test_coco_metric_returns_per_image_blocks_only_when_asked(coco_set):
 
 def _areas(rng, images: int, classes: int, p: np.ndarray, q: np.ndarray, scale: np.ndarray,
            difficulty=None):
-    """Per-image (intersection, union, prediction, label) areas: labels ~ Poisson(scale * 400)
-    per class, recall p (binomial; times the image's ``difficulty`` factor if given), false
-    positives at rate q: IoU_c = p_c / (1 + q_c) without difficulty."""
+    """Per-image (intersection, union, prediction, label) areas.
+
+    Labels ~ Poisson(scale * 400) per class, recall p (binomial; times the image's ``difficulty``
+    factor if given), false positives at rate q: IoU_c = p_c / (1 + q_c) without difficulty.
+    """
     label = rng.poisson(scale[:, None] * 400, (images, classes)).astype(float)
     if difficulty is not None:
         p = np.clip(p[None, :] * difficulty[:, None], 0, 1)
@@ -221,8 +232,11 @@ COVERAGE = (0.90, 0.99)
 
 
 def _synthetic_model(rng, scale, p, q, severities, difficulty=None):
-    """One model's per-image statistics: the clean cell and cells whose recall falls with the
-    severity; the same images (scale, difficulty) in every cell."""
+    """One model's per-image statistics.
+
+    The clean cell and cells whose recall falls with the severity; the same images (scale,
+    difficulty) in every cell.
+    """
     cells = {('clean', 0): _areas(rng, IMAGES, CLASSES, p, q, scale, difficulty)}
     for s in severities:
         cells[('gaussian_noise', s)] = _areas(rng, IMAGES, CLASSES, p * (1 - 0.15 * s), q,
@@ -249,9 +263,12 @@ def _as_stats(cells):
 
 
 def test_intervals_cover_the_true_value_95_percent_of_the_time():
-    """Over 500 synthetic test sets (150 images of heterogeneous size, 4 classes, the clean set
-    and 3 severities), the 95 % intervals of P_clean, mPC, rPC and of the paired difference of
-    mPC between two models cover the population's value in 90-99 % of the draws."""
+    """Over 500 synthetic test sets.
+
+    150 images of heterogeneous size, 4 classes, the clean set and 3 severities. The 95 % intervals
+    of P_clean, mPC, rPC and of the paired difference of mPC between two models cover the
+    population's value in 90-99 % of the draws.
+    """
     rng = np.random.default_rng(2024)
     severities = (1, 2, 3)
     p_a, q_a = np.array([.9, .7, .6, .8]), np.array([.2, .3, .1, .25])
@@ -276,9 +293,11 @@ def test_intervals_cover_the_true_value_95_percent_of_the_time():
 
 
 def test_paired_intervals_are_narrower_than_separate_ones():
-    """The same images under both models (hard images are hard for both): the difference's
-    interval is narrower than what two independent intervals would allow (why the report
-    pairs)."""
+    """The same images under both models (hard images are hard for both).
+
+    The difference's interval is narrower than what two independent intervals would allow (why the
+    report pairs).
+    """
     rng = np.random.default_rng(5)
     scale, difficulty = rng.gamma(2.0, 0.5, IMAGES), rng.uniform(0.4, 1.1, IMAGES)
     p, q = np.array([.9, .7, .6, .8]), np.array([.2, .3, .1, .25])
@@ -485,9 +504,12 @@ def test_model_zoo_check_gives_intervals_where_per_image_statistics_exist(tmp_pa
 
 
 def test_report_gives_effective_robustness_and_per_corruption_differences(tmp_path):
-    """Three toy models on the same images: the effective-robustness table and plot against
-    the two plain ones as baselines, and the per-corruption table of DAT minus plain with
-    Holm's correction; every interval states its replicates."""
+    """Three toy models on the same images.
+
+    The effective-robustness table and plot against the two plain ones as baselines, and the
+    per-corruption table of DAT minus plain with Holm's correction; every interval states its
+    replicates.
+    """
     rng = np.random.default_rng(3)
     images = [f'leftImg8bit/val/c/img{i}.png' for i in range(40)]
     scale = rng.gamma(2.0, 0.5, 40)

@@ -1,5 +1,7 @@
-"""The per-image worst case over a run's attacks (mmrobust.evaluation.worst_case): each image
-under the attack that lowers its own mIoU most, scored as mmseg scores a cell."""
+"""The per-image worst case over a run's attacks (mmrobust.evaluation.worst_case).
+
+Each image under the attack that lowers its own mIoU most, scored as mmseg scores a cell.
+"""
 import numpy as np
 import pytest
 import torch
@@ -36,8 +38,10 @@ def test_each_image_takes_its_own_worst_attack():
 
 
 def test_the_worst_cell_is_scored_as_mmseg_scores_a_cell():
-    """The cell's numbers are mmseg IoUMetric's on the chosen areas (2 decimals), and with
-    identical attacks (ε = 0: the clean images) they are those attacks' numbers."""
+    """The cell's numbers are mmseg IoUMetric's on the chosen areas (2 decimals).
+
+    And with identical attacks (ε = 0: the clean images) they are those attacks' numbers.
+    """
     from mmseg.evaluation import IoUMetric
 
     from mmrobust.evaluation.worst_case import _scores

@@ -31,6 +31,7 @@ from mmrobust.utils import config_scope
 
 
 def main() -> None:
+    """Parse the arguments and save the attention maps."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config')
     parser.add_argument('checkpoint')

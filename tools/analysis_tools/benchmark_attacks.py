@@ -1,4 +1,4 @@
-"""The cost of an attack cell against a clean cell: attacked inference over clean inference.
+r"""The cost of an attack cell against a clean cell: attacked inference over clean inference.
 
     python tools/analysis_tools/benchmark_attacks.py                 # toy SegFormer, PGD-10
     python tools/analysis_tools/benchmark_attacks.py CONFIG --attacks pgd_linf fgsm_linf \\
@@ -35,6 +35,7 @@ DEFAULT_CONFIG = 'configs/toy/segformer_mit-b0_toy-cityscapes.py'
 
 
 def parse_args() -> argparse.Namespace:
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', nargs='?', default=DEFAULT_CONFIG)
     parser.add_argument('--attacks', nargs='+', default=['pgd_linf'])
@@ -46,6 +47,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> None:
+    """Time the attacks against clean inference and print the table."""
     args = parse_args()
     from mmengine.config import Config
     from mmengine.registry import MODELS, init_default_scope

@@ -8,8 +8,8 @@ Each model lives in its own process (so peak memory is its own), at the same inp
 run as mmdet's Swin-T and ResNet-50; the models take their steps in turn (interleaved, one at a
 time), and the table gives every time as the median and range of the per-round ratios to both
 (this machine kind is noisy: compare ratios, not milliseconds across runs). Peak memory is
-`torch.cuda.max_memory_allocated` on a GPU and the growth of the process's peak RSS on a CPU.
-GFLOPs are one forward pass as counted by `torch.utils.flop_counter` (matmuls, convolutions and
+``torch.cuda.max_memory_allocated`` on a GPU and the growth of the process's peak RSS on a CPU.
+GFLOPs are one forward pass as counted by ``torch.utils.flop_counter`` (matmuls, convolutions and
 attention; 2 FLOPs per multiply-add), so time per GFLOP tells slow code from big models.
 """
 import sys
@@ -89,6 +89,7 @@ def _setup(name: str, size: int, batch: int, threads: int):
 
 
 def main() -> None:
+    """Time the backbones and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--models', nargs='+', default=list(FAN_MODELS),
                         choices=list(FAN_MODELS), help='FAN variants to time')

@@ -62,6 +62,7 @@ def evaluated(backend: str, gt_file: str, dets: list) -> Any:
 
 
 def main() -> None:
+    """Time one cell's evaluation, statistics and bootstrap; print the table."""
     parser = bench.synthetic_coco_parser(__doc__)
     parser.add_argument('--replicates', type=int, default=200)
     args = parser.parse_args()

@@ -11,9 +11,9 @@ take their steps in turn (interleaved; ratios are the median and range of per-ro
 pycocotools), and the first round checks that every backend's 12 numbers equal pycocotools'.
 
 Before that, the part of the metric inside the test loop: run-length encoding each image's masks
-(`--per-image` full-size masks, ellipses in the detections' boxes, as a Mask R-CNN pastes them),
-mmdet's `encode_mask_results` against mmrobust's `encode_masks` on the host and its device path
-(`device_runs`: run boundaries by tensor ops where the masks are, `--device`, default cuda when
+(``--per-image`` full-size masks, ellipses in the detections' boxes, as a Mask R-CNN pastes them),
+mmdet's ``encode_mask_results`` against mmrobust's ``encode_masks`` on the host and its device path
+(``device_runs``: run boundaries by tensor ops where the masks are, ``--device``, default cuda when
 there is one, else the CPU), interleaved, checked identical.
 """
 import sys
@@ -51,6 +51,7 @@ from mmrobust.utils.benchmark import (
 
 
 def parse_args() -> argparse.Namespace:
+    """The command line."""
     parser = synthetic_coco_parser(__doc__)
     parser.add_argument('--iou-types', nargs='+', default=['bbox', 'segm'],
                         choices=['bbox', 'segm'])
@@ -64,7 +65,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def instance_masks(dets: List[Dict], gt: Dict, images: int) -> List[np.ndarray]:
-    """Full-size bool masks of the first `images` images' detections: an ellipse in each box."""
+    """Full-size bool masks of the first ``images`` images' detections: an ellipse in each box."""
     import cv2
     sizes = {img['id']: (img['height'], img['width']) for img in gt['images']}
     out = []
@@ -80,8 +81,10 @@ def instance_masks(dets: List[Dict], gt: Dict, images: int) -> List[np.ndarray]:
 
 
 def benchmark_encoding(masks: List[np.ndarray], rounds: int, device: str) -> None:
-    """mmdet's per-mask RLE against :func:`encode_masks` on the host and on ``device``
-    (:func:`device_runs`), interleaved; identical output."""
+    """mmdet's per-mask RLE against :func:`encode_masks` on the host and on ``device``.
+
+    :func:`device_runs`. Interleaved; identical output.
+    """
     import torch
     from mmdet.structures.mask import encode_mask_results
 
@@ -134,6 +137,7 @@ def evaluate(backend: str, gt_file: str, results: Dict[str, List[Dict]]) -> np.n
 
 
 def main() -> None:
+    """Time mask encoding and every COCO backend; print the tables."""
     args = parse_args()
     if args.device is None:
         import torch

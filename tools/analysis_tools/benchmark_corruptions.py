@@ -58,6 +58,7 @@ def load_image(path: str, width: int, height: int) -> np.ndarray:
 
 
 def main() -> None:
+    """Time the corruption engine against the reference; print the targets."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--image', default='', help='photo to use (default: skimage astronaut)')
     parser.add_argument('--size', type=int, nargs=2, default=(640, 480), metavar=('W', 'H'))

@@ -3,12 +3,12 @@
     python tools/analysis_tools/benchmark_dat.py                       # toy FAN-T Mask R-CNN
     python tools/analysis_tools/benchmark_dat.py CONFIG --iters 5 --batch-size 2
 
-Times a full training step (`model.train_step`: preprocessing, forward, backward, optimizer) of
-the config without the hook, with `DATHook(mode='replace')` and with `mode='append'`, each in
+Times a full training step (``model.train_step``: preprocessing, forward, backward, optimizer) of
+the config without the hook, with ``DATHook(mode='replace')`` and with ``mode='append'``, each in
 its own process on the same batches, the three taking their steps in turn (interleaved, one at
 a time; ratios are the median and range of the per-round ratios), and splits the DAT steps into
 the tokenizer's round trips, the attack's forward/backward and the rest. Peak memory is
-`torch.cuda.max_memory_allocated` on a GPU and, on a CPU, the process's peak RSS above what it
+``torch.cuda.max_memory_allocated`` on a GPU and, on a CPU, the process's peak RSS above what it
 held after its imports (model, optimizer state, batches and activations, as the GPU figure).
 The tokenizer is the config's hook tokenizer; without its checkpoint it runs with random
 weights (same cost). Compare the ratios, not milliseconds across runs: this machine kind is noisy.
@@ -123,6 +123,7 @@ def _setup(config: str, mode: str, batch_size: int, num_batches: int, threads: i
 
 
 def main() -> None:
+    """Time a DAT training step against a plain one; print the table."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', nargs='?', default=DEFAULT_CONFIG,
                         help='a config with a DATHook in custom_hooks')

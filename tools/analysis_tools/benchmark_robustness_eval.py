@@ -3,23 +3,23 @@
     python tools/analysis_tools/benchmark_robustness_eval.py               # N=300, 2 cells, ~10 min
     python tools/analysis_tools/benchmark_robustness_eval.py --n 5000 --cells 3   # the real figure
 
-A synthetic COCO-format val set (`--n` images at 640x480, ~7 objects each over 80 classes,
-polygon masks; made once and cached in `--work-dir`) and a stub Mask R-CNN that sleeps a fixed
-latency per image (`--rates`: 20 images/s for one GPU, 160 for eight) and returns 100 boxes with
+A synthetic COCO-format val set (``--n`` images at 640x480, ~7 objects each over 80 classes,
+polygon masks; made once and cached in ``--work-dir``) and a stub Mask R-CNN that sleeps a fixed
+latency per image (``--rates``: 20 images/s for one GPU, 160 for eight) and returns 100 boxes with
 masks at the original size, deterministically. So the CPU goes to what a real run spends it on
 besides the model: decoding, corruption, transforms, the metric and the set-up of each cell.
 
-For the clean set and `--cells` corruption cells it measures, in one run:
+For the clean set and ``--cells`` corruption cells it measures, in one run:
   (i)   inference: the stub's latencies (N / rate per cell);
   (ii)  data: the cells' dataloaders iterated with no model (decode, corrupt, transform, collate);
   (iii) metric: one cell's predictions through each COCO backend (process, then evaluate);
   (iv)  the full loop of tools/test_robustness.py (build_runner + evaluate_robustness) in each
-        configuration: `serial-faster` (the faster COCO backend, each cell's metric after its
-        inference, a dataloader per cell), `background-faster` (the metric in a worker process
-        beside the next cells' inference, --metric-queue 2), `one-pass` (that, and one
-        dataloader for every cell: the dataset built once, its workers kept) and `overlapped`
+        configuration: ``serial-faster`` (the faster COCO backend, each cell's metric after its
+        inference, a dataloader per cell), ``background-faster`` (the metric in a worker process
+        beside the next cells' inference, --metric-queue 2), ``one-pass`` (that, and one
+        dataloader for every cell: the dataset built once, its workers kept) and ``overlapped``
         (that, and each batch received and preprocessed ahead and post-processed behind the
-        model on threads: the default); and `serial-pycocotools` (the loop before any of
+        model on threads: the default); and ``serial-pycocotools`` (the loop before any of
         them) when asked for with --configurations; at each rate. Every configuration reads
         the pipeline the loop reads (ground-truth masks not decoded: the metric reads its
         annotation file), and (ii) measures that pipeline.
@@ -85,7 +85,9 @@ _SET_VERSION = 2  # bump when the synthetic set changes
 
 @MODELS.register_module()
 class RobustnessBenchStub(BaseDetector):
-    """Sleeps `1 / images_per_s` per image and returns `detections` boxes with masks at the
+    """A stand-in for a Mask R-CNN on a GPU: a fixed time per image.
+
+    Sleeps ``1 / images_per_s`` per image and returns ``detections`` boxes with masks at the
     original size (a benchmark stand-in for a Mask R-CNN on a GPU).
 
     Boxes and masks are fixed per image size (made once); scores and labels are drawn from the
@@ -117,6 +119,7 @@ class RobustnessBenchStub(BaseDetector):
 
     def predict(self, batch_inputs: torch.Tensor, batch_data_samples: List[DetDataSample],
                 rescale: bool = True) -> List[DetDataSample]:
+        """Sleep the latency, then the fixed detections."""
         if self.latency:
             time.sleep(self.latency * len(batch_data_samples))
         for sample in batch_data_samples:
@@ -132,19 +135,21 @@ class RobustnessBenchStub(BaseDetector):
         return batch_data_samples
 
     def loss(self, batch_inputs, batch_data_samples):
+        """Not implemented: the stub does not train."""
         raise NotImplementedError('a benchmark stub: it does not train')
 
     def _forward(self, batch_inputs, batch_data_samples=None):
         raise NotImplementedError('a benchmark stub: it only predicts')
 
     def extract_feat(self, batch_inputs):
+        """Not implemented: the stub has no features."""
         raise NotImplementedError('a benchmark stub: it has no features')
 
 
 # -- the synthetic set and its config --------------------------------------------------------------
 
 def make_set(root: str, n: int, seed: int = 0) -> str:
-    """A COCO-format val set of `n` 640x480 JPEGs under `root` (kept; remade when different)."""
+    """A COCO-format val set of ``n`` 640x480 JPEGs under ``root`` (kept; remade when different)."""
     marker = osp.join(root, 'done.json')
     spec = {'n': n, 'seed': seed, 'version': _SET_VERSION}
     if osp.isfile(marker) and json.load(open(marker)) == spec:
@@ -256,8 +261,11 @@ def measure_metric(cfg: Config, n: int) -> Dict[str, Dict[str, float]]:
 
 def measure_loop(cfg: Config, cells: List[Tuple[str, int]], results: str,
                  options: Dict, images: int) -> Dict[str, float]:
-    """(iv) tools/test_robustness.py's code path: seconds per cell (its results' wall_s: the
-    cell's inference and the loop's wait for its metric), its metric seconds and waits."""
+    """(iv) tools/test_robustness.py's code path.
+
+    Seconds per cell (its results' wall_s: the cell's inference and the loop's wait for its metric),
+    its metric seconds and waits.
+    """
     from mmrobust.apis import apply_common_args, build_runner
     from mmrobust.evaluation import RobustnessOptions, evaluate_robustness
     if osp.exists(results):
@@ -288,6 +296,7 @@ def _range(values: List[float]) -> str:
 
 
 def main() -> None:
+    """Time the robustness loop configurations; print the table."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--n', type=int, default=300, help='images (default 300)')
     parser.add_argument('--cells', type=int, default=2, help='corruption cells besides clean')

@@ -1,4 +1,4 @@
-"""How much of a robustness evaluation goes to loading + corrupting the images.
+r"""How much of a robustness evaluation goes to loading + corrupting the images.
 
     python tools/analysis_tools/benchmark_robustness_loading.py \\
         configs/toy/mask-rcnn_fan-t-hybrid_fpn_toy-coco.py CKPT --size 512 \\
@@ -37,6 +37,7 @@ from mmrobust.evaluation import RobustnessOptions, cell_dataloader, evaluate_rob
 
 
 def main() -> None:
+    """Time loading on the fly against a stored set; print the table."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config')
     parser.add_argument('checkpoint')

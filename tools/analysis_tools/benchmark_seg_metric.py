@@ -3,8 +3,8 @@
     python tools/analysis_tools/benchmark_seg_metric.py            # toy SegFormer, 2048x1024
 
 One 2048x1024 image with a 19-class label map (ignore regions included) goes through the
-config's test pipeline; one step of `inference` is ``model.test_step`` on it (forward and
-mmseg's post-processing to the original size), one step of `metric` is ``IoUMetric.process``
+config's test pipeline; one step of ``inference`` is ``model.test_step`` on it (forward and
+mmseg's post-processing to the original size), one step of ``metric`` is ``IoUMetric.process``
 on that prediction (the per-image work of a Cityscapes-C cell's metric; ``compute_metrics``
 runs once per cell on 19x4 numbers). The two alternate (interleaved; the ratio is the median
 and range of the per-round ratios).
@@ -38,6 +38,7 @@ DEFAULT_CONFIG = 'configs/toy/segformer_mit-b0_toy-cityscapes.py'
 
 
 def parse_args() -> argparse.Namespace:
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', nargs='?', default=DEFAULT_CONFIG)
     parser.add_argument('--size', type=int, nargs=2, default=[2048, 1024], metavar=('W', 'H'))
@@ -54,6 +55,7 @@ def _label_map(h: int, w: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def main() -> None:
+    """Time mmseg's IoUMetric and FastIoUMetric; print the table."""
     args = parse_args()
     from mmseg.evaluation import IoUMetric
     from mmseg.registry import MODELS

@@ -1,5 +1,6 @@
-"""Peak memory and time per image of a segmentor attack through the slide predictor, against
-the same attack through the whole-image forward.
+r"""Peak memory and time per image of a segmentor attack through the slide predictor.
+
+Against the same attack through the whole-image forward.
 
     python tools/analysis_tools/benchmark_slide_attack.py                   # 512x1024, PGD-2
     python tools/analysis_tools/benchmark_slide_attack.py --size 1024 2048 --crop 1024 \\
@@ -37,6 +38,7 @@ CONFIG = 'configs/toy/segformer_mit-b0_toy-cityscapes.py'
 
 
 def parse_args() -> argparse.Namespace:
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--size', type=int, nargs=2, default=(512, 1024), metavar=('H', 'W'),
                         help='the input image (512 1024)')
@@ -51,8 +53,11 @@ def parse_args() -> argparse.Namespace:
 
 def setup(mode: str, size: Sequence[int], crop: int, stride: int, attack_name: str, steps: int,
           device: str) -> Tuple[Callable[[], None], Dict]:
-    """One case, built in its worker: the toy segmentor with a ``mode`` test_cfg and one
-    preprocessed synthetic image; the step attacks it."""
+    """One case, built in its worker.
+
+    The toy segmentor with a ``mode`` test_cfg and one preprocessed synthetic image; the step
+    attacks it.
+    """
     from mmengine.config import Config
     from mmengine.registry import MODELS, init_default_scope
     from mmengine.structures import PixelData
@@ -89,6 +94,7 @@ def setup(mode: str, size: Sequence[int], crop: int, stride: int, attack_name: s
 
 
 def main() -> None:
+    """Time the slide and whole-image attacks; print the table."""
     args = parse_args()
     common = (tuple(args.size), args.crop, args.stride, args.attack, args.steps, args.device)
     runs = interleave_processes({mode: (setup, (mode,) + common) for mode in ('slide', 'whole')},

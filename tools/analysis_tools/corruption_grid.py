@@ -40,8 +40,10 @@ def tiles(img: np.ndarray, name: str, cells: Sequence[Tuple[str, int]], seed: in
 
 
 def montage(labelled: Sequence[Tuple[str, np.ndarray]], columns: int, width: int) -> np.ndarray:
-    """The tiles, scaled to ``width`` pixels, row-major in ``columns`` columns, each with its
-    label on a strip above it (RGB, white background)."""
+    """The tiles, scaled to ``width`` pixels, row-major in ``columns`` columns.
+
+    Each with its label on a strip above it (RGB, white background).
+    """
     h, w = labelled[0][1].shape[:2]
     th = max(1, round(h * width / w))
     strip = max(14, width // 12)
@@ -61,6 +63,7 @@ def montage(labelled: Sequence[Tuple[str, np.ndarray]], columns: int, width: int
 
 
 def main() -> int:
+    """Write the corruption grid; the exit status."""
     parser = argparse.ArgumentParser(
         description=__doc__.split('\n')[0], epilog=__doc__.split('\n\n', 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter)

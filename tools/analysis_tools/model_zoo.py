@@ -11,8 +11,8 @@ The table lists name, parameters, FLOPs at the test size, the papers' published 
 config; --task and --family (config folder or collection, e.g. fan, swin, drvit, dat) filter it.
 --check compares a tools/test_robustness.py results file with the published target of the
 config it was computed with ("COCO box AP: P_clean 41.9 vs published 42.0"). --measure builds
-configs and prints their parameters and FLOPs (one test-mode forward at the entry's `FLOPs
-Input`, counted as tools/analysis_tools/benchmark_backbones.py counts: 2 FLOPs per
+configs and prints their parameters and FLOPs (one test-mode forward at the entry's ``FLOPs
+Input``, counted as tools/analysis_tools/benchmark_backbones.py counts: 2 FLOPs per
 multiply-add, attention included) next to what the metafile says; --update writes them in.
 """
 import sys
@@ -46,6 +46,7 @@ REPO = str(Path(__file__).resolve().parents[2])
 
 
 def main() -> int:
+    """List, check or measure the zoo; the exit status."""
     parser = argparse.ArgumentParser(
         description=__doc__.split('\n')[0], epilog=__doc__.split('\n\n', 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -38,6 +38,7 @@ from mmrobust.utils import exclusive_lock, explain_registry_errors
 
 
 def main() -> None:
+    """Run the Fourier or masking study and write its results and plots."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('analysis', choices=['fourier', 'masking'])
     parser.add_argument('config')

@@ -1,5 +1,6 @@
-"""What a VQ tokenizer keeps: images decoded from their codes, clean and corrupted, and how many
-codes each corruption changes.
+"""What a VQ tokenizer keeps.
+
+Images decoded from their codes, clean and corrupted, and how many codes each corruption changes.
 
     python tools/analysis_tools/token_view.py configs/tokenizers/vq-small-f16_toy-coco.py \
         --data configs/toy/mask-rcnn_r18_fpn_toy-coco.py --num-images 8 --out-dir work_dirs/tokens
@@ -30,6 +31,7 @@ from mmrobust.corruptions import PROTOCOLS
 
 
 def main() -> None:
+    """Write the token views and their numbers."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('tokenizer', help='a tokenizer config (tools/train_vq.py) or a VQGAN arch')
     parser.add_argument('--checkpoint', help="the tokenizer's weights (default: the config's "

@@ -4,9 +4,9 @@
     python tools/analysis_tools/tokenizer_seeds.py --seeds 0 1 --cfg-options model.ae_warmup=0
     python tools/analysis_tools/tokenizer_seeds.py --min-margin 2   # the recipe's regression check
 
-Each seed trains in its own `tools/train_vq.py` process, one after another with every core
-(`--work-dir ROOT/seed_<n>`; a finished seed's eval.json is reused, so a killed run resumes
-at the next seed), seeded through `model.seed` and `randomness.seed`. The table has, per seed,
+Each seed trains in its own ``tools/train_vq.py`` process, one after another with every core
+(``--work-dir ROOT/seed_<n>``; a finished seed's eval.json is reused, so a killed run resumes
+at the next seed), seeded through ``model.seed`` and ``randomness.seed``. The table has, per seed,
 the held-out PSNR, the used codes and the perplexity of the last validation, the two trivial
 baselines on the same crops (each crop's mean colour; its blur to the code grid) and the
 training seconds and the PSNR at each validation, then the spread of the PSNR across seeds, and
@@ -44,8 +44,10 @@ class RecipeCheckError(MMRobustError):
 
 
 def cpu_description() -> str:
-    """The CPU's model name and its widest vector instruction set (what decides, e.g., whether
-    bf16 runs natively)."""
+    """The CPU's model name and its widest vector instruction set.
+
+    What decides, e.g., whether bf16 runs natively.
+    """
     name, flags = platform.processor() or platform.machine(), set()
     try:
         with open('/proc/cpuinfo') as f:
@@ -62,6 +64,7 @@ def cpu_description() -> str:
 
 
 def train_seed(config: str, seed: int, work_dir: str, options: List[str]) -> Dict:
+    """Train one seed (unless its result exists) and return its evaluation."""
     result = osp.join(work_dir, 'eval.json')
     if not osp.isfile(result):
         cmd = [sys.executable, str(REPO / 'tools' / 'train_vq.py'), config, '--work-dir',
@@ -78,8 +81,10 @@ def train_seed(config: str, seed: int, work_dir: str, options: List[str]) -> Dic
 
 
 def validation_psnr(work_dir: str) -> List[float]:
-    """The held-out PSNR at each validation of the seed's latest run (mmengine's
-    ``vis_data/scalars.json``): where a recipe stalls, not only where it ends."""
+    """The held-out PSNR at each validation of the seed's latest run.
+
+    mmengine's ``vis_data/scalars.json``. Where a recipe stalls, not only where it ends.
+    """
     runs = sorted(glob.glob(osp.join(work_dir, '*', 'vis_data', 'scalars.json')))
     if not runs:
         return []
@@ -89,6 +94,7 @@ def validation_psnr(work_dir: str) -> List[float]:
 
 
 def table(results: Dict[int, Dict]) -> str:
+    """The seeds' results as a Markdown table."""
     lines = ['| seed | held-out PSNR | codes used | perplexity | mean colour | blur to the code '
              'grid | seconds | PSNR at each validation |', '|---|---|---|---|---|---|---|---|']
     for seed, r in results.items():
@@ -104,6 +110,7 @@ def table(results: Dict[int, Dict]) -> str:
 
 
 def main() -> int:
+    """Train every seed and print the table; the exit status."""
     parser = argparse.ArgumentParser(
         description=__doc__.split('\n')[0], epilog=__doc__.split('\n\n', 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter)

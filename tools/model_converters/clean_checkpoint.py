@@ -1,10 +1,10 @@
 """Rewrite a checkpoint you trust into plain tensors and containers.
 
-mmrobust loads checkpoints with `weights_only=True` and an allow-list of types, and refuses files
+mmrobust loads checkpoints with ``weights_only=True`` and an allow-list of types, and refuses files
 holding other pickled objects. For such a file from a source you trust, this tool unpickles it
 once (explicitly, with --trust-source) and writes a copy that holds only tensors, numbers,
-strings and containers: numpy arrays become tensors, objects with a `__dict__` (e.g.
-`argparse.Namespace`) become dicts, anything else is dropped and listed.
+strings and containers: numpy arrays become tensors, objects with a ``__dict__`` (e.g.
+``argparse.Namespace``) become dicts, anything else is dropped and listed.
 
     python tools/model_converters/clean_checkpoint.py IN.pth OUT.pth --trust-source
 """
@@ -32,7 +32,10 @@ _PLAIN = (torch.Tensor, int, float, bool, str, bytes, type(None))
 
 
 def clean(obj: Any, path: str, dropped: List[str]) -> Any:
-    """A copy of `obj` with only weights_only-loadable content; dropped paths go to `dropped`."""
+    """A copy of ``obj`` with only weights_only-loadable content.
+
+    The paths of what is dropped are appended to ``dropped``.
+    """
     if isinstance(obj, _PLAIN):
         return obj
     if isinstance(obj, np.ndarray):
@@ -57,6 +60,7 @@ def clean(obj: Any, path: str, dropped: List[str]) -> Any:
 
 
 def main() -> None:
+    """Write the weights_only-loadable copy and say what was dropped."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('src', help='checkpoint to rewrite')
     parser.add_argument('dst', help='where to write the clean copy')

@@ -9,7 +9,7 @@ Families (sources): fan-hybrid (NVlabs FAN fan_hybrid_*.pth.tar), fan-swin (a FA
 classification checkpoint), drvit (a timm / DeiT ViT), vqgan (a taming / latent-diffusion
 .ckpt), efficientnet-lite (timm's tf_efficientnet_lite0 .pth, or the TensorFlow / TF-Keras
 variables as .npz: see configs/efficientdet/README.md). The conversion is the family's own
-`checkpoint_filter_fn`, the one `init_cfg=dict(type='Pretrained')` uses, and the result is
+``checkpoint_filter_fn``, the one ``init_cfg=dict(type='Pretrained')`` uses, and the result is
 loaded strictly into the target model before it is written: a checkpoint of another
 architecture or variant fails here with the keys listed. The output holds the converted
 tensors only (layers the source lacks are initialised afresh whenever it is loaded, and are
@@ -38,6 +38,7 @@ from mmrobust.utils import atomic_write
 
 
 def main(argv: Optional[List[str]] = None, family: Optional[str] = None) -> int:
+    """Convert a checkpoint of ``family`` and write it; the exit status."""
     parser = argparse.ArgumentParser(
         description=__doc__.split('\n')[0], epilog=__doc__.split('\n\n', 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -3,10 +3,10 @@
     python tools/model_converters/fan2mmrobust.py fan_hybrid_small.pth.tar \
         checkpoints/fan_hybrid_small_det.pth --arch small --out-type det
 
-The same as `convert_backbone.py --family fan-hybrid` (the default here; `--family swin` for
-FAN-Swin): the backbone's own `checkpoint_filter_fn`, a strict load into the target model (a
+The same as ``convert_backbone.py --family fan-hybrid`` (the default here; ``--family swin`` for
+FAN-Swin): the backbone's own ``checkpoint_filter_fn``, a strict load into the target model (a
 checkpoint of another architecture or variant fails with the keys listed), and a list of what
-was dropped and why and of the layers the source lacks (the detection `learnable_downsample`,
+was dropped and why and of the layers the source lacks (the detection ``learnable_downsample``,
 FAN-Swin's per-output norms), which keep their fresh initialisation.
 """
 import argparse

@@ -1,3 +1,4 @@
+"""Runner hooks: discrete adversarial training, strict checkpoint loading, tokenizer export."""
 from .dat import DATHook
 from .strict_load import StrictLoadHook
 from .tokenizer_export import TokenizerExportHook

@@ -36,6 +36,7 @@ import torch.nn as nn
 from mmengine.dist import get_rank
 from mmengine.hooks import Hook
 from mmengine.logging import MessageHub, print_log
+from typing_extensions import override
 
 from ...models.adversarial import (
     finite_images,
@@ -153,6 +154,7 @@ class DATHook(Hook):
 
     # -- set-up ------------------------------------------------------------------------------------
     def build_tokenizer(self, device: torch.device) -> nn.Module:
+        """The frozen tokenizer on ``device``, built and loaded once."""
         if self.tokenizer is None:
             ckpt = (self.tokenizer_cfg.get('init_cfg') or {}).get('checkpoint')
             if ckpt and not osp.isfile(ckpt):
@@ -195,8 +197,11 @@ class DATHook(Hook):
 
     @contextmanager
     def at_iteration(self, iteration: int) -> Iterator[None]:
-        """Within the block, training batches through the patched preprocessor count as
-        iteration ``iteration`` (what the runner hooks do around each training step)."""
+        """Count the training batches within the block as iteration ``iteration``.
+
+        Within the block, training batches through the patched preprocessor count as iteration
+        ``iteration`` (what the runner hooks do around each training step).
+        """
         self._iter = int(iteration)
         try:
             yield
@@ -204,9 +209,11 @@ class DATHook(Hook):
             self._iter = None
 
     def attack_batch(self, data_batch: dict, iteration: int) -> dict:
-        """Preprocess a raw batch as training iteration ``iteration`` does: with the attack
-        when the hook is active then (:meth:`is_active`), clean otherwise. Needs
-        :meth:`attach`."""
+        """Preprocess a raw batch as training iteration ``iteration`` does.
+
+        With the attack when the hook is active then (:meth:`is_active`), clean otherwise. Needs
+        :meth:`attach`.
+        """
         if self._preprocessor is None:
             raise RuntimeError('DATHook.attack_batch needs the hook attached to a model first '
                                '(DATHook.attach(model))')
@@ -223,8 +230,10 @@ class DATHook(Hook):
         return bool(np.random.default_rng([self.seed, it]).random() < self.prob)
 
     def takes_random_start(self, it: int) -> bool:
-        """Whether attacked iteration ``it`` starts from a random point (one coin per batch,
-        as the reference; drawn from (seed, iteration), the same on every rank)."""
+        """Whether attacked iteration ``it`` starts from a random point.
+
+        One coin per batch, as the reference; drawn from (seed, iteration), the same on every rank.
+        """
         if not self.random_start or self.norm != 'l2' or self.eps == 0:
             return False
         if self.random_start_prob >= 1:
@@ -232,6 +241,7 @@ class DATHook(Hook):
         return bool(np.random.default_rng([self.seed, it, 1]).random() < self.random_start_prob)
 
     # -- runner hooks ------------------------------------------------------------------------------
+    @override
     def before_train(self, runner: 'Runner') -> None:
         self.attach(runner.model)
         print_log(f'DATHook: mode={self.mode}, requantize={self.requantize}, alpha={self.alpha}, '
@@ -240,17 +250,21 @@ class DATHook(Hook):
                   f'{type(self.tokenizer).__name__} ({getattr(self.tokenizer, "arch_name", "")})',
                   logger='current')
 
+    @override
     def before_train_iter(self, runner: 'Runner', batch_idx: int,
                           data_batch: DATA_BATCH = None) -> None:
         self._iter = runner.iter
 
+    @override
     def after_train_iter(self, runner: 'Runner', batch_idx: int, data_batch: DATA_BATCH = None,
                          outputs: Optional[dict] = None) -> None:
         self._iter = None
 
+    @override
     def after_train(self, runner: 'Runner') -> None:
         self.detach()
 
+    @override
     def after_run(self, runner: 'Runner') -> None:
         self.detach()
 
@@ -260,8 +274,10 @@ class DATHook(Hook):
         return quantize_images(self.tokenizer, pixels)
 
     def input_gradient(self, x: torch.Tensor, data_samples: list) -> Tuple[torch.Tensor, float]:
-        """(∇ₓ L(x, y) of the model's total training loss, L) without side effects (see
-        :func:`mmrobust.models.adversarial.input_gradient`: fp16 loss scaling included)."""
+        """(∇ₓ L(x, y) of the model's total training loss, L) without side effects.
+
+        See :func:`mmrobust.models.adversarial.input_gradient`: fp16 loss scaling included.
+        """
         model = self._model
 
         def loss(inputs: torch.Tensor) -> torch.Tensor:
@@ -270,8 +286,11 @@ class DATHook(Hook):
             return input_gradient(loss, x)
 
     def budget_scale(self, mask: torch.Tensor) -> torch.Tensor:
-        """Per image, what turns ``alpha`` / ``eps`` into an L2 norm over the image: 1, or for
-        ``budget='pixel_rms'`` the square root of the image's valid (unpadded) pixel values."""
+        """Per image, what turns ``alpha`` / ``eps`` into an L2 norm over the image.
+
+        1, or for ``budget='pixel_rms'`` the square root of the image's valid (unpadded) pixel
+        values.
+        """
         ones = torch.ones(mask.shape[0], 1, 1, 1, device=mask.device)
         if self.budget == 'image':
             return ones
@@ -280,8 +299,10 @@ class DATHook(Hook):
 
     def perturbation(self, grad: torch.Tensor, mask: torch.Tensor,
                      start: Optional[torch.Tensor]) -> torch.Tensor:
-        """δ in pixel units from the pixel-space gradient (``start``: the random start's offset
-        from x̂, included in δ and in its cap)."""
+        """δ in pixel units from the pixel-space gradient.
+
+        ``start``: the random start's offset from x̂, included in δ and in its cap.
+        """
         # NOTE: a non-finite gradient (fp16 overflow) has no direction: that image is not
         # attacked (δ = 0), and counted, rather than stepped to a saturated pixel
         finite = finite_images(grad)

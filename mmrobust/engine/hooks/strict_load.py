@@ -1,6 +1,6 @@
 """Whole-model checkpoint loading that stops on a mismatch instead of warning.
 
-mmengine's Runner loads `load_from` / `--resume` checkpoints with ``strict=False``: a checkpoint
+mmengine's Runner loads ``load_from`` / ``--resume`` checkpoints with ``strict=False``: a checkpoint
 of another architecture prints "do not match exactly" and the run goes on with a mostly random
 model. :class:`StrictLoadHook` checks the checkpoint against the model in mmengine's own
 ``after_load_checkpoint`` call, which every Runner load (``load_from``, resume, ``test``) goes
@@ -24,6 +24,7 @@ runner: mmrobust's tools register it, and a stock tool gets it with
 from typing import Dict, Optional
 
 from mmengine.hooks import Hook
+from typing_extensions import override
 
 from ...models.checkpoint import (
     PARTIAL_LOAD_FLAG,
@@ -55,6 +56,7 @@ class StrictLoadHook(Hook):
         #: errors (shapes) mmengine's loading would meet; None before any load
         self.last_load: Optional[Dict] = None
 
+    @override
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         model = loaded_module(runner.model)
         state = checkpoint_state(checkpoint)
@@ -79,7 +81,9 @@ class StrictLoadHook(Hook):
 
 
 def strict_load_outcome(runner) -> Optional[Dict]:
-    """What the runner's :class:`StrictLoadHook` found at its last load (None: no hook or no
-    load), for results files to record what happened rather than which flag was passed."""
+    """What the runner's :class:`StrictLoadHook` found at its last load (None: no hook or no load).
+
+    For results files to record what happened rather than which flag was passed.
+    """
     hooks = [h for h in runner.hooks if isinstance(h, StrictLoadHook)]
     return hooks[0].last_load if hooks else None

@@ -8,6 +8,7 @@ import cv2
 import numpy as np
 import torch
 from mmengine.hooks import Hook
+from typing_extensions import override
 
 from ...models.utils import unwrap_model
 from ...registry import HOOKS
@@ -26,10 +27,13 @@ def _preview(originals: torch.Tensor, recons: torch.Tensor, path: str) -> None:
 
 @HOOKS.register_module()
 class TokenizerExportHook(Hook):
-    """Writes what tokenizer users read into the work dir: a reconstruction preview after each
-    validation (``previews/iter_<n>.png``), and at the end of training ``tokenizer.pth`` (the
-    VQGAN's plain state dict, what ``VQGAN(checkpoint=...)``, the DAT hook and Dr-ViT load)
-    and ``eval.json`` (the last validation's metrics, the iterations and the time)."""
+    """Writes what tokenizer users read into the work dir.
+
+    A reconstruction preview after each validation (``previews/iter_<n>.png``), and at the end of
+    training ``tokenizer.pth`` (the VQGAN's plain state dict, what ``VQGAN(checkpoint=...)``, the
+    DAT hook and Dr-ViT load) and ``eval.json`` (the last validation's metrics, the iterations and
+    the time).
+    """
 
     priority = 'LOW'
 
@@ -37,9 +41,11 @@ class TokenizerExportHook(Hook):
         self.last_metrics: Dict[str, float] = {}
         self.start = 0.0
 
+    @override
     def before_train(self, runner) -> None:
         self.start = time.time()
 
+    @override
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         # NOTE: in DDP the trainer's parts are wrapped one by one (MMSeparateDistributed-
         # DataParallel), which puts `module.` inside the keys; saved without it, a checkpoint is
@@ -48,6 +54,7 @@ class TokenizerExportHook(Hook):
             (re.sub(r'^(tokenizer|loss)\.module\.', r'\1.', k), v)
             for k, v in checkpoint['state_dict'].items())
 
+    @override
     def after_val_epoch(self, runner, metrics: Optional[Dict[str, float]] = None) -> None:
         self.last_metrics = {k.split('/')[-1]: v for k, v in (metrics or {}).items()}
         model = unwrap_model(runner.model)
@@ -55,6 +62,7 @@ class TokenizerExportHook(Hook):
         if runner.rank == 0 and preview is not None:
             _preview(*preview, osp.join(runner.work_dir, 'previews', f'iter_{runner.iter:06d}.png'))
 
+    @override
     def after_train(self, runner) -> None:
         if runner.rank != 0:
             return

@@ -1,3 +1,4 @@
+"""The robust backbones: FAN-Hybrid, FAN-Swin, Dr-ViT and EfficientNet-Lite."""
 from . import drvit, fan, fan_swin
 from .drvit import DrViT
 from .efficientnet_lite import EfficientNetLite

@@ -1,6 +1,8 @@
-"""Behaviour shared by mmrobust's dense backbones: arch tables, stage freezing, `norm_eval`,
-gradient checkpointing, declared outputs (`feature_info`) and strict pretrained loading through
-the family's own checkpoint filter."""
+"""Behaviour shared by mmrobust's dense backbones.
+
+Arch tables, stage freezing, ``norm_eval``, gradient checkpointing, declared outputs
+(``feature_info``) and strict pretrained loading through the family's own checkpoint filter.
+"""
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -9,6 +11,7 @@ import torch.nn as nn
 import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
+from typing_extensions import override
 
 from ..checkpoint import load_pretrained
 from ..utils import resolve_arch
@@ -17,8 +20,8 @@ from ..utils import resolve_arch
 class DenseBackbone(BaseModule):
     """Base of a backbone with freezable stage groups and a strict pretrained loader.
 
-    It resolves `arch` against the subclass's :attr:`arch_zoo` (or a custom dict with the same
-    keys) and checks `out_indices` / `frozen_stages`. Subclasses provide :attr:`arch_zoo`,
+    It resolves ``arch`` against the subclass's :attr:`arch_zoo` (or a custom dict with the same
+    keys) and checks ``out_indices`` / ``frozen_stages``. Subclasses provide :attr:`arch_zoo`,
     :attr:`feature_info` (channels and stride of every output, timm's convention),
     :meth:`_stage_groups` (modules per freezing group, in order),
     :meth:`_init_from_scratch`, :meth:`convert_checkpoint` (the family's checkpoint filter) and
@@ -43,15 +46,20 @@ class DenseBackbone(BaseModule):
         self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
 
     def _run_block(self, block: nn.Module, *args: Any) -> Any:
-        """``block(*args)``, through gradient checkpointing when ``with_cp`` is set and a
-        backward pass may follow (training, or an input-gradient attack in eval mode)."""
+        """``block(*args)``, through gradient checkpointing where it pays.
+
+        ``block(*args)``, through gradient checkpointing when ``with_cp`` is set and a backward pass
+        may follow (training, or an input-gradient attack in eval mode).
+        """
         if self.with_cp and torch.is_grad_enabled():
             return cp.checkpoint(block, *args, use_reentrant=False)
         return block(*args)
 
     @staticmethod
     def _dense_output(x: torch.Tensor, in_h: int, in_w: int, stride: int) -> torch.Tensor:
-        """A stride-`stride` map cropped to the unpadded `in_h` x `in_w` input, as contiguous NCHW.
+        """A stride-``stride`` map cropped to the unpadded ``in_h`` x ``in_w`` input.
+
+        As contiguous NCHW.
 
         NOTE: the token layouts make the maps channels-last or cropped views, and mmcv 2.1's
         RoIAlign reads its input as contiguous NCHW whatever its strides: the FPN passes the
@@ -68,12 +76,15 @@ class DenseBackbone(BaseModule):
 
     def convert_checkpoint(self, checkpoint: dict, dropped: Optional[Dict[str, str]] = None
                            ) -> Dict[str, torch.Tensor]:
-        """The family's checkpoint filter; keys it leaves out go to `dropped` with the reason."""
+        """The family's checkpoint filter; keys it leaves out go to ``dropped`` with the reason."""
         raise NotImplementedError
 
     def newly_added(self) -> Tuple[str, ...]:
-        """Key prefixes of layers that a foreign (e.g. ImageNet classification) checkpoint
-        cannot hold; they keep their initialisation when such a checkpoint is loaded."""
+        """Key prefixes of layers that a foreign checkpoint cannot hold.
+
+        Key prefixes of layers that a foreign (e.g. ImageNet classification) checkpoint cannot hold;
+        they keep their initialisation when such a checkpoint is loaded.
+        """
         return ()
 
     def _freeze_stages(self) -> None:
@@ -83,6 +94,7 @@ class DenseBackbone(BaseModule):
                 for param in module.parameters():
                     param.requires_grad = False
 
+    @override
     def train(self, mode: bool = True) -> 'DenseBackbone':
         super().train(mode)
         self._freeze_stages()
@@ -92,6 +104,7 @@ class DenseBackbone(BaseModule):
                     m.eval()
         return self
 
+    @override
     def init_weights(self) -> None:
         if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
             self._init_from_scratch()  # NOTE: initialises the layers the checkpoint lacks

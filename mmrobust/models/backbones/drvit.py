@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn.bricks import DropPath
+from typing_extensions import override
 
 from ...registry import MODELS
 from ..checkpoint import CheckpointMismatchError, unwrap_state_dict
@@ -224,6 +225,7 @@ class DrViT(DenseBackbone):
                 if isinstance(param, nn.Parameter):
                     param.requires_grad = False
 
+    @override
     def train(self, mode: bool = True) -> 'DrViT':
         super().train(mode)
         if self.tokenizer is not None:
@@ -238,6 +240,7 @@ class DrViT(DenseBackbone):
             nn.init.zeros_(self.code_delta)
             self.tokenizer.init_weights()  # NOTE: loads the tokenizer's own init_cfg checkpoint
 
+    @override
     def convert_checkpoint(self, checkpoint: dict, dropped: Optional[Dict[str, str]] = None
                            ) -> Dict[str, torch.Tensor]:
         state = checkpoint_filter_fn(checkpoint, self, dropped)
@@ -291,6 +294,7 @@ class DrViT(DenseBackbone):
             grid = grid.flatten(2).transpose(1, 2)
         return torch.cat([cls_pos, grid], 1)
 
+    @override
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         in_h, in_w = x.shape[-2:]
         multiple = self.patch_size * 2  # NOTE: the stride-32 level needs an even grid
@@ -325,7 +329,7 @@ def checkpoint_filter_fn(checkpoint: dict, model: DrViT,
     Keeps ``cls_token``, ``pos_embed`` (resampled bicubically to the model's pretraining grid),
     ``blocks.*`` and ``norm.*``; the plain patch embedding becomes the pixel embedding only in
     ``pixel`` mode (other modes have a narrower pixel embedding). Classifier heads and the
-    distillation token are dropped (into `dropped`, key -> reason, when it is given).
+    distillation token are dropped (into ``dropped``, key -> reason, when it is given).
     """
     dropped = {} if dropped is None else dropped
     state = unwrap_state_dict(checkpoint)

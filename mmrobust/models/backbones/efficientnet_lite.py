@@ -1,5 +1,6 @@
-"""EfficientNet-Lite, the backbone of EfficientDet-Lite: B-series blocks without
-squeeze-excite, ReLU6 (mobile / edge friendly), on mmdet's ``EfficientNet``.
+"""EfficientNet-Lite, the backbone of EfficientDet-Lite.
+
+B-series blocks without squeeze-excite, ReLU6 (mobile / edge friendly), on mmdet's ``EfficientNet``.
 
 ImageNet weights load strictly through :func:`checkpoint_filter_fn`, from any of the released
 layouts: timm's ``tf_efficientnet_lite0`` state dict, the TensorFlow checkpoint of the
@@ -14,6 +15,7 @@ import numpy as np
 import torch
 from mmdet.models.backbones import EfficientNet
 from mmengine.model.weight_init import initialize
+from typing_extensions import override
 
 from ...registry import MODELS
 from ..checkpoint import CheckpointMismatchError, load_pretrained, unwrap_state_dict
@@ -63,6 +65,7 @@ class EfficientNetLite(EfficientNet):
                          init_cfg=init_cfg if init_cfg is not None else _SCRATCH_INIT)
         self.arch_name = arch
 
+    @override
     def init_weights(self) -> None:
         if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':
             initialize(self, _SCRATCH_INIT)
@@ -73,9 +76,11 @@ class EfficientNetLite(EfficientNet):
 
     def convert_checkpoint(self, checkpoint: dict, dropped: Optional[Dict[str, str]] = None
                            ) -> Dict[str, torch.Tensor]:
+        """A timm / TF EfficientNet-Lite checkpoint in this model's keys."""
         return checkpoint_filter_fn(checkpoint, self, dropped)
 
     def newly_added(self) -> Tuple[str, ...]:
+        """None: the checkpoint holds every layer."""
         return ()
 
 
@@ -137,9 +142,11 @@ def _tf_name(raw: str) -> str:
 
 
 def _parse_tf(state: Mapping, dropped: Dict[str, str]) -> _Canonical:
-    """The official TF / TF-Hub variables (``<model>/blocks_K/...``) or TF-Keras names
-    (``block2a_expand_conv/kernel``); the exponential moving averages replace the raw weights
-    when both are there (they are the weights the release evaluates)."""
+    """The official TF / TF-Hub variables (``<model>/blocks_K/...``) or TF-Keras names.
+
+    ``block2a_expand_conv/kernel``. The exponential moving averages replace the raw weights when
+    both are there (they are the weights the release evaluates).
+    """
     names = {_tf_name(k): k for k in state}
     ema = '/ExponentialMovingAverage'
     keras_blocks = sorted({(int(m[1]), m[2]) for n in names

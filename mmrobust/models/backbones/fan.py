@@ -2,12 +2,12 @@
 
 Paper: Zhou et al., "Understanding The Robustness in Vision Transformers", ICML 2022
 (https://arxiv.org/abs/2204.12451). Written from the paper and mmrobust's spec; it loads the
-released ImageNet checkpoints (`fan_hybrid_*.pth.tar`) through :func:`checkpoint_filter_fn`.
+released ImageNet checkpoints (``fan_hybrid_*.pth.tar``) through :func:`checkpoint_filter_fn`.
 
 Dense outputs (upstream's): ConvNeXt stage 0 (stride 4) and 1 (stride 8), the output of FAN block
-`out_block` (stride 16), and the patch tokens after the class-attention blocks, either at stride
-16 (`out_type='seg'`) or through a learnable 3x3 stride-2 conv at stride 32 (`out_type='det'`).
-`out_type='cls'` is the ImageNet classifier (cls token -> norm -> head).
+``out_block`` (stride 16), and the patch tokens after the class-attention blocks, either at stride
+16 (``out_type='seg'``) or through a learnable 3x3 stride-2 conv at stride 32 (``out_type='det'``).
+``out_type='cls'`` is the ImageNet classifier (cls token -> norm -> head).
 """
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn.bricks import DropPath
+from typing_extensions import override
 
 from mmrobust.registry import MODELS
 
@@ -140,8 +141,10 @@ class ClassAttention(nn.Module):
 
 
 class ClassAttentionBlock(nn.Module):
-    """XCiT class-attention block: the class token attends to all tokens; patch tokens pass
-    through their normalised values."""
+    """XCiT class-attention block: the class token attends to all tokens.
+
+    Patch tokens pass through their normalised values.
+    """
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4., eta: float = 1.) -> None:
         super().__init__()
@@ -181,13 +184,13 @@ class FANHybrid(DenseBackbone):
 
     Args:
         arch: A name of :attr:`arch_zoo` or a dict with its keys.
-        out_type: `'det'` (4th map at stride 32 through `learnable_downsample`), `'seg'` (4th
-            map at stride 16) or `'cls'` (ImageNet logits; for checks and fine-tuning).
+        out_type: ``'det'`` (4th map at stride 32 through ``learnable_downsample``), ``'seg'`` (4th
+            map at stride 16) or ``'cls'`` (ImageNet logits; for checks and fine-tuning).
         out_indices: Which of the 4 dense maps to return.
-        num_classes: Classes of the `'cls'` head.
+        num_classes: Classes of the ``'cls'`` head.
         drop_path_rate: Stochastic depth of the FAN blocks.
-        drop_path_schedule: `'constant'` (every block `drop_path_rate`, as upstream) or
-            `'linear'` (ramped from 0 to `drop_path_rate`).
+        drop_path_schedule: ``'constant'`` (every block ``drop_path_rate``, as upstream) or
+            ``'linear'`` (ramped from 0 to ``drop_path_rate``).
         pos_embed_legacy: Use upstream's dense-prediction Fourier formula (see
             :func:`mmrobust.models.layers.fourier_features`).
         stem_unbiased_norm: Normalise the ConvNeXt stem's inner LayerNorms by the unbiased
@@ -196,7 +199,7 @@ class FANHybrid(DenseBackbone):
             modules that produce outputs 0..k-1 (4 = everything); -1 freezes nothing.
         norm_eval: Keep BatchNorm layers in eval mode while training.
         with_cp: Gradient checkpointing of every block (saves memory, same outputs).
-        init_cfg: `dict(type='Pretrained', checkpoint=PATH)` loads an upstream or mmrobust
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads an upstream or mmrobust
             checkpoint strictly through :func:`checkpoint_filter_fn`.
     """
     # embed_dims, FAN blocks, heads, ConvNeXt depths, FAN block of the stride-16 output
@@ -285,9 +288,11 @@ class FANHybrid(DenseBackbone):
         if self.frozen_stages >= 4:
             self.cls_token.requires_grad = False
 
+    @override
     def newly_added(self) -> Tuple[str, ...]:
         return ('learnable_downsample.',) if self.out_type == 'det' else ()
 
+    @override
     def convert_checkpoint(self, checkpoint: dict, dropped: Optional[Dict[str, str]] = None
                            ) -> Dict[str, torch.Tensor]:
         return checkpoint_filter_fn(checkpoint, self, dropped)
@@ -304,6 +309,7 @@ class FANHybrid(DenseBackbone):
         nn.init.trunc_normal_(self.patch_embed.backbone.stem[0].bias, std=.02)
 
     # -- forward -----------------------------------------------------------------------------------
+    @override
     def forward(self, x: torch.Tensor) -> Union[Tuple[torch.Tensor, ...], torch.Tensor]:
         h, w = x.shape[-2:]
         # NOTE: any input size: pad to the token stride, crop the maps back afterwards
@@ -345,13 +351,13 @@ _CLS_ONLY = ('head.', 'norm.')
 
 def checkpoint_filter_fn(checkpoint: dict, model: FANHybrid,
                          dropped: Optional[Dict[str, str]] = None) -> Dict[str, torch.Tensor]:
-    """Convert an upstream FAN-Hybrid checkpoint (classification or dense) for `model`.
+    """Convert an upstream FAN-Hybrid checkpoint (classification or dense) for ``model``.
 
-    Handles `state_dict` / `model` / `state_dict_ema` wrappers, DDP `module.` and detector
-    `backbone.` prefixes, and drops the classification-only `head.*` / `norm.*` for dense models.
-    Upstream's keys equal mmrobust's otherwise; the Fourier position encoding has no table, so a
-    checkpoint trained at another resolution (e.g. in22k 384) loads unchanged. Dropped keys go
-    to `dropped` (key -> reason) when it is given.
+    Handles ``state_dict`` / ``model`` / ``state_dict_ema`` wrappers, DDP ``module.`` and detector
+    ``backbone.`` prefixes, and drops the classification-only ``head.*`` / ``norm.*`` for dense
+    models. Upstream's keys equal mmrobust's otherwise; the Fourier position encoding has no table,
+    so a checkpoint trained at another resolution (e.g. in22k 384) loads unchanged. Dropped keys go
+    to ``dropped`` (key -> reason) when it is given.
     """
     state = unwrap_state_dict(checkpoint, strip_prefixes=('module.', 'backbone.'))
     if model.out_type != 'cls':

@@ -3,7 +3,7 @@
 Paper: Zhou et al., "Understanding The Robustness in Vision Transformers", ICML 2022
 (https://arxiv.org/abs/2204.12451); Swin: Liu et al., ICCV 2021 (https://arxiv.org/abs/2103.14030).
 Written from the papers and mmrobust's spec; key names follow the upstream classification
-checkpoints (`layers.i.blocks.j...`), loaded through :func:`checkpoint_filter_fn`.
+checkpoints (``layers.i.blocks.j...``), loaded through :func:`checkpoint_filter_fn`.
 
 Stages 0-2 use :class:`ChannelProcessing` (its depthwise-conv MLP without residual), stage 3 a
 plain MLP. Window masks are computed for the actual (padded) input size, so any size works; the
@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn.bricks import DropPath
+from typing_extensions import override
 
 from mmrobust.registry import MODELS
 
@@ -168,15 +169,15 @@ class FANSwin(DenseBackbone):
 
     Args:
         arch: A name of :attr:`arch_zoo` or a dict with its keys.
-        out_type: `'dense'` (4 stage maps with their own norms) or `'cls'` (ImageNet logits).
+        out_type: ``'dense'`` (4 stage maps with their own norms) or ``'cls'`` (ImageNet logits).
         out_indices: Which stage maps to return.
-        num_classes: Classes of the `'cls'` head.
+        num_classes: Classes of the ``'cls'`` head.
         window_size: Attention window.
         drop_path_rate: Stochastic depth, ramped linearly over all blocks (as upstream).
         frozen_stages: -1 nothing; 0 the patch embedding; k >= 1 also stages 0..k-1.
         norm_eval: Keep BatchNorm layers in eval mode while training.
         with_cp: Gradient checkpointing of every block.
-        init_cfg: `dict(type='Pretrained', checkpoint=PATH)` loads strictly through
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads strictly through
             :func:`checkpoint_filter_fn`.
     """
     # embed_dims, depth per stage, heads per stage
@@ -235,10 +236,12 @@ class FANSwin(DenseBackbone):
             groups.append([layer] + norm)
         return groups
 
+    @override
     def newly_added(self) -> Tuple[str, ...]:
         # NOTE: the per-output norms are not in classification checkpoints
         return tuple(f'norm{i}.' for i in self.out_indices) if self.out_type == 'dense' else ()
 
+    @override
     def convert_checkpoint(self, checkpoint: dict, dropped: Optional[Dict[str, str]] = None
                            ) -> Dict[str, torch.Tensor]:
         return checkpoint_filter_fn(checkpoint, self, dropped)
@@ -247,6 +250,7 @@ class FANSwin(DenseBackbone):
         init_trunc_normal_(self, extra={WindowAttention: ('relative_position_bias_table', )})
 
     # -- forward -----------------------------------------------------------------------------------
+    @override
     def forward(self, x: torch.Tensor) -> Union[Tuple[torch.Tensor, ...], torch.Tensor]:
         h, w = x.shape[-2:]
         x = F.pad(x, (0, (-w) % 4, 0, (-h) % 4))
@@ -283,12 +287,12 @@ def _resample_bias_table(table: torch.Tensor, size: int) -> torch.Tensor:
 
 def checkpoint_filter_fn(checkpoint: dict, model: FANSwin,
                          dropped: Optional[Dict[str, str]] = None) -> Dict[str, torch.Tensor]:
-    """Convert an upstream FAN-Swin checkpoint for `model`.
+    """Convert an upstream FAN-Swin checkpoint for ``model``.
 
-    Unwraps `state_dict` / `model` / `state_dict_ema`, strips `module.` / `backbone.`, drops the
-    shift masks and relative position indices (recomputed for the actual input), drops
-    `head.*` / `norm.*` for the dense backbone, and resamples relative position bias tables
-    trained with another window size. Dropped keys go to `dropped` (key -> reason) when given.
+    Unwraps ``state_dict`` / ``model`` / ``state_dict_ema``, strips ``module.`` / ``backbone.``,
+    drops the shift masks and relative position indices (recomputed for the actual input), drops
+    ``head.*`` / ``norm.*`` for the dense backbone, and resamples relative position bias tables
+    trained with another window size. Dropped keys go to ``dropped`` (key -> reason) when given.
     """
     dropped = {} if dropped is None else dropped
     state = unwrap_state_dict(checkpoint, strip_prefixes=('module.', 'backbone.'))

@@ -53,6 +53,7 @@ class PixelSpace:
         self.bgr = channel_order == 'bgr'
 
     def to(self, device: torch.device) -> 'PixelSpace':
+        """Move the mean and std to ``device`` (in place)."""
         self.mean, self.std = self.mean.to(device), self.std.to(device)
         return self
 
@@ -86,8 +87,10 @@ def valid_mask(data_samples: Optional[Sequence], shape: Tuple[int, int, int, int
 
 
 def perturb_in_pixels(space: PixelSpace, data: dict, perturb: PixelPerturb) -> dict:
-    """A preprocessed batch with ``perturb`` applied to its images in pixel space; the padding
-    keeps the values the preprocessor gave it."""
+    """A preprocessed batch with ``perturb`` applied to its images in pixel space.
+
+    The padding keeps the values the preprocessor gave it.
+    """
     x = data['inputs']
     mask = valid_mask(data.get('data_samples'), tuple(x.shape), x.device)
     pixels = space.to_pixels(x)

@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmdet.models.dense_heads import AnchorHead
+from typing_extensions import override
 
 from ...registry import MODELS
 from ..layers.separable_conv import BN_TF, SeparableConv
@@ -20,8 +21,10 @@ __all__ = ['EfficientDetHead']
 
 @MODELS.register_module()
 class EfficientDetHead(AnchorHead):
-    """EfficientDet's class and box nets: separable convs shared across levels, one BN per level
-    and layer, a separable-conv predictor (focal loss, 9 anchors per position).
+    """EfficientDet's class and box nets.
+
+    Separable convs shared across levels, one BN per level and layer, a separable-conv predictor
+    (focal loss, 9 anchors per position).
 
     Args:
         num_classes: object classes.
@@ -80,6 +83,7 @@ class EfficientDetHead(AnchorHead):
         self.reg_pred = SeparableConv(self.feat_channels,
                                       self.num_base_priors * self.bbox_coder.encode_size)
 
+    @override
     def init_weights(self) -> None:
         super().init_weights()
         nn.init.constant_(self.cls_pred.pointwise.bias,
@@ -91,6 +95,7 @@ class EfficientDetHead(AnchorHead):
             x = self.act(norm(conv(x)))
         return pred(x)
 
+    @override
     def forward(self, x: Tuple[torch.Tensor, ...]) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
         if len(x) != self.num_levels:
             raise ValueError(f'EfficientDetHead expects {self.num_levels} levels, got {len(x)}')

@@ -1,3 +1,4 @@
+"""Layers shared by the backbones (FAN's channel processing, MLPs, norms, positions)."""
 from .channel_processing import ChannelProcessing, DWConvBN, MlpDWBN
 from .mlp import ConvMlp, Mlp
 from .norm import LayerNorm2d

@@ -1,7 +1,10 @@
-"""FAN's attentional channel processing (Zhou et al. 2022, Eq. 7), shared by FAN-Hybrid and
-FAN-Swin."""
+"""FAN's attentional channel processing (Zhou et al. 2022, Eq. 7).
+
+Shared by FAN-Hybrid and FAN-Swin.
+"""
 import torch
 import torch.nn as nn
+from typing_extensions import override
 
 
 class DWConvBN(nn.Module):
@@ -14,6 +17,7 @@ class DWConvBN(nn.Module):
         self.bn = nn.BatchNorm2d(dim)
         self.conv2 = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
 
+    @override
     def forward(self, x: torch.Tensor, h: int, w: int) -> torch.Tensor:
         b, n, c = x.shape
         x = x.transpose(1, 2).reshape(b, c, h, w)
@@ -38,6 +42,7 @@ class MlpDWBN(nn.Module):
         self.fc2 = nn.Linear(hidden_chs, in_chs)
         self.residual = residual
 
+    @override
     def forward(self, x: torch.Tensor, h: int, w: int) -> torch.Tensor:
         x = self.fc1(x)  # NOTE: no activation here, as in the released weights
         dw = self.gamma * self.dwconv(x, h, w)
@@ -46,8 +51,10 @@ class MlpDWBN(nn.Module):
 
 
 class ChannelProcessing(nn.Module):
-    """Attentional channel processing: channel gates from token-softmaxed queries and a
-    mean-pooled key prototype, applied to an MLP-transformed value.
+    """Attentional channel processing.
+
+    Channel gates from token-softmaxed queries and a mean-pooled key prototype, applied to an
+    MLP-transformed value.
 
     Per head (d channels): Q = softmax_tokens(q(x)), k = mean_channels(softmax_tokens(x)),
     gate = sigmoid(Q^T k) * temperature, out[n, c] = gate[c] * norm_v(mlp_v(x))[n, c].
@@ -55,7 +62,7 @@ class ChannelProcessing(nn.Module):
     Args:
         dim: Channels.
         num_heads: Heads the channels are split into.
-        mlp_ratio: Hidden width of `mlp_v` relative to `dim`.
+        mlp_ratio: Hidden width of ``mlp_v`` relative to ``dim``.
         dw_residual: See :class:`MlpDWBN`.
     """
 
@@ -79,6 +86,7 @@ class ChannelProcessing(nn.Module):
         gate = torch.sigmoid(q.softmax(dim=-2).transpose(-1, -2) @ k_proto)
         return gate * self.temperature
 
+    @override
     def forward(self, x: torch.Tensor, h: int, w: int) -> torch.Tensor:
         b, n, c = x.shape
         v = self.norm_v(self.mlp_v(x, h, w)).reshape(b, n, self.num_heads, -1)

@@ -1,6 +1,7 @@
 """Plain MLPs."""
 import torch
 import torch.nn as nn
+from typing_extensions import override
 
 
 class Mlp(nn.Module):
@@ -12,6 +13,7 @@ class Mlp(nn.Module):
         self.act = nn.GELU()
         self.fc2 = nn.Linear(hidden_chs, in_chs)
 
+    @override
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
 
@@ -25,5 +27,6 @@ class ConvMlp(nn.Module):
         self.act = nn.GELU()
         self.fc2 = nn.Conv2d(hidden_chs, in_chs, 1)
 
+    @override
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))

@@ -2,6 +2,7 @@
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from typing_extensions import override
 
 
 class LayerNorm2d(nn.LayerNorm):
@@ -19,6 +20,7 @@ class LayerNorm2d(nn.LayerNorm):
         super().__init__(num_channels, eps=eps)
         self.unbiased = unbiased
 
+    @override
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, eps = self.weight, self.eps
         if self.unbiased:

@@ -14,9 +14,11 @@ def fourier_features(h: int, w: int, dim: int = 32, temperature: float = 10000.,
         w: Grid width.
         dim: Features per axis.
         temperature: Base of the frequency progression.
-        legacy: Use `temperature ** (k / dim)` for frequency k (the formula of upstream FAN's
-            dense-prediction code) instead of `temperature ** (2 * (k // 2) / dim)` (the one the
+        legacy: Use ``temperature ** (k / dim)`` for frequency k (the formula of upstream FAN's
+            dense-prediction code) instead of ``temperature ** (2 * (k // 2) / dim)`` (the one the
             released ImageNet weights were trained with).
+        device: Device of the features.
+        dtype: Data type of the features.
     """
     scale, eps = 2 * math.pi, 1e-6
     y = torch.arange(1, h + 1, device=device, dtype=torch.float32) / (h + eps) * scale

@@ -4,6 +4,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 from mmcv.cnn import build_norm_layer
+from typing_extensions import override
 
 __all__ = ['BN_TF', 'SeparableConv']
 
@@ -20,5 +21,6 @@ class SeparableConv(nn.Module):
         self.pointwise = nn.Conv2d(in_chs, out_chs, 1)
         self.norm = build_norm_layer(norm_cfg, out_chs)[1] if norm_cfg else nn.Identity()
 
+    @override
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(self.pointwise(self.depthwise(x)))

@@ -1,3 +1,4 @@
+"""Necks: EfficientDet's BiFPN."""
 from .bifpn import BiFPN
 
 __all__ = ['BiFPN']

@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmengine.model import BaseModule
+from typing_extensions import override
 
 from ...registry import MODELS
 from ..layers.separable_conv import BN_TF, SeparableConv
@@ -65,8 +66,10 @@ class BiFPNLayer(nn.Module):
 
     def forward(self, feats: List[torch.Tensor], bu_feats: Optional[List[torch.Tensor]] = None
                 ) -> List[torch.Tensor]:
-        """``bu_feats``: the inputs of the bottom-up nodes when they differ (the first layer
-        resamples backbone maps separately for each path, as the official model)."""
+        """``bu_feats``: the inputs of the bottom-up nodes when they differ.
+
+        The first layer resamples backbone maps separately for each path, as the official model.
+        """
         bu_feats = feats if bu_feats is None else bu_feats
         n = self.num_levels
         td = [None] * n
@@ -118,6 +121,7 @@ class BiFPN(BaseModule):
         self.layers = nn.ModuleList(BiFPNLayer(num_outs, out_channels, norm_cfg, act_cfg, weighted)
                                     for _ in range(num_layers))
 
+    @override
     def forward(self, inputs: Tuple[torch.Tensor, ...]) -> Tuple[torch.Tensor, ...]:
         if len(inputs) != len(self.in_channels):
             raise ValueError(f'BiFPN expects {len(self.in_channels)} maps, got {len(inputs)}')

@@ -1,3 +1,4 @@
+"""Vector-quantized tokenizers (VQGAN) and their training model."""
 from ..checkpoint import load_tokenizer_checkpoint
 from .trainer import VQTokenizerTrainer
 from .vqgan import VQGAN, VQGAN_ARCHS, VectorQuantizer, checkpoint_filter_fn, quantize_images

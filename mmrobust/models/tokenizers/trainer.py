@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from mmengine.logging import MessageHub, print_log
 from mmengine.model import BaseModel
 from mmengine.optim import OptimWrapper, OptimWrapperDict
+from typing_extensions import override
 
 from ...registry import MODELS
 from ..utils import unwrap_model
@@ -53,6 +54,7 @@ class PatchDiscriminator(nn.Module):
         mods.append(nn.Conv2d(chs, 1, 4, 1, 1))
         self.net = nn.Sequential(*mods)
 
+    @override
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x * 2 - 1)
 
@@ -73,9 +75,12 @@ def code_stats(counts: torch.Tensor) -> Dict[str, float]:
 @torch.no_grad()
 def ema_update(codebook: torch.Tensor, cluster_size: torch.Tensor, embed_sum: torch.Tensor,
                counts: torch.Tensor, sums: torch.Tensor, decay: float, eps: float = 1e-5) -> None:
-    """The VQ-VAE codebook update by exponential moving averages (van den Oord et al. 2017,
-    appendix): each code becomes the running mean of the latents assigned to it. ``counts`` /
-    ``sums`` are this step's per-code assignment counts and latent sums (all ranks summed)."""
+    """The VQ-VAE codebook update by exponential moving averages.
+
+    Van den Oord et al. 2017, appendix. Each code becomes the running mean of the latents assigned
+    to it. ``counts`` / ``sums`` are this step's per-code assignment counts and latent sums (all
+    ranks summed).
+    """
     cluster_size.mul_(decay).add_(counts, alpha=1 - decay)
     embed_sum.mul_(decay).add_(sums, alpha=1 - decay)
     # NOTE: Laplace smoothing, so codes that lose all their latents do not divide by ~0
@@ -89,8 +94,10 @@ def _world() -> int:
 
 
 class _TrainingState(nn.Module):
-    """What training keeps besides the tokenizer (checkpointed under ``loss.``); its forward is
-    the discriminator's, so that DDP syncs the discriminator's gradients."""
+    """What training keeps besides the tokenizer (checkpointed under ``loss.``).
+
+    Its forward is the discriminator's, so that DDP syncs the discriminator's gradients.
+    """
 
     def __init__(self, n_embed: int, embed_dim: int, gan: bool, ema: bool,
                  bank_size: int = 0) -> None:
@@ -113,8 +120,10 @@ class _TrainingState(nn.Module):
 
 @MODELS.register_module()
 class VQTokenizerTrainer(BaseModel):
-    """A VQ tokenizer as an mmengine model: ``train_step`` with generator and discriminator
-    optimizers, ``val_step`` for :class:`VQReconstructionMetric`.
+    """A VQ tokenizer as an mmengine model.
+
+    ``train_step`` with generator and discriminator optimizers, ``val_step`` for
+    :class:`VQReconstructionMetric`.
 
     Args:
         tokenizer: config of the :class:`VQGAN` to train.
@@ -182,14 +191,17 @@ class VQTokenizerTrainer(BaseModel):
     # -- helpers -----------------------------------------------------------------------------------
     @property
     def vqgan(self) -> nn.Module:
+        """The tokenizer, unwrapped from DDP."""
         return unwrap_model(self.tokenizer)
 
     @property
     def state(self) -> _TrainingState:
+        """The training state (discriminator, EMA), unwrapped from DDP."""
         return unwrap_model(self.loss)
 
     @property
     def codebook(self) -> torch.Tensor:
+        """The tokenizer's codebook (n_embed, embed_dim)."""
         return self.vqgan.quantize.embedding.weight
 
     def generator_parameters(self) -> List[nn.Parameter]:
@@ -198,8 +210,10 @@ class VQTokenizerTrainer(BaseModel):
 
     @torch.no_grad()
     def restart_codes(self, index: torch.Tensor, images: torch.Tensor, it: int) -> None:
-        """Move codes ``index`` to random encoder outputs of ``images`` (slightly jittered),
-        drawn from (seed, iteration); in DDP rank 0's draw goes to every rank."""
+        """Move codes ``index`` to random encoder outputs of ``images`` (slightly jittered).
+
+        Drawn from (seed, iteration); in DDP rank 0's draw goes to every rank.
+        """
         vq = self.vqgan
         z = vq.encode_latent(images).permute(0, 2, 3, 1).reshape(-1, vq.embed_dim)
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + it)
@@ -223,9 +237,11 @@ class VQTokenizerTrainer(BaseModel):
 
     @torch.no_grad()
     def kmeans_init(self, images: torch.Tensor, it: int) -> None:
-        """The codebook as k-means centroids of the banked latents (plus this batch's), from
-        a seeded k-means++ start; an emptied cluster takes a random latent. In DDP rank 0's
-        codebook goes to every rank."""
+        """The codebook as k-means centroids of the banked latents (plus this batch's).
+
+        From a seeded k-means++ start; an emptied cluster takes a random latent. In DDP rank 0's
+        codebook goes to every rank.
+        """
         state, vq = self.state, self.vqgan
         points = torch.cat([state.bank[len(state.bank) - int(state.bank_filled):],
                             vq.encode_latent(images).permute(0, 2, 3, 1).reshape(
@@ -274,6 +290,7 @@ class VQTokenizerTrainer(BaseModel):
                    counts, sums, self.codebook_ema)
 
     # -- training ----------------------------------------------------------------------------------
+    @override
     def train_step(self, data: Union[dict, tuple, list],
                    optim_wrapper: Union[OptimWrapper, OptimWrapperDict]) -> Dict[str, torch.Tensor]:
         images = self.data_preprocessor(data, True)['inputs']
@@ -337,12 +354,14 @@ class VQTokenizerTrainer(BaseModel):
     # -- evaluation --------------------------------------------------------------------------------
     @torch.no_grad()
     def val_step(self, data: Union[dict, tuple, list]) -> List[dict]:
-        """Per image: squared error of the reconstruction and of two trivial baselines (the
-        image's mean colour; its blur to the code grid), and its codes.
+        """Per image: squared error of the reconstruction and of two trivial baselines.
+
+        The image's mean colour; its blur to the code grid. And its codes.
 
         During the autoencoder warm-up (``ae_warmup``, before the codebook is initialised) the
         reconstruction is the autoencoder's, the quantiser bypassed: through the codebook it
-        would measure codes that do not exist yet. The log says which it is."""
+        would measure codes that do not exist yet. The log says which it is.
+        """
         images = self.data_preprocessor(data, False)['inputs']
         vq = self.vqgan
         latents = vq.encode_latent(images)  # NOTE: once, for the codes and either reconstruction
@@ -369,10 +388,13 @@ class VQTokenizerTrainer(BaseModel):
                    for name, ref in (('recon', recon), ('mean_image', mean), ('blur', blur))}))
         return outs
 
+    @override
     def test_step(self, data: Union[dict, tuple, list]) -> List[dict]:
         return self.val_step(data)
 
     def forward(self, inputs: torch.Tensor, data_samples=None, mode: str = 'tensor'):
-        """The reconstruction of ``inputs`` ([0, 1] images); training goes through
-        :meth:`train_step`."""
+        """The reconstruction of ``inputs`` ([0, 1] images).
+
+        Training goes through :meth:`train_step`.
+        """
         return self.vqgan.reconstruct(inputs)

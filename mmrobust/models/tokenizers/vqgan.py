@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.logging import print_log
 from mmengine.model import BaseModule
+from typing_extensions import override
 
 from ...registry import MODELS
 from ...utils.device import cpu_has_native_bf16
@@ -33,8 +34,9 @@ NORMS = ('group', 'batch')
 
 
 def _norm(channels: int, kind: str = 'group') -> nn.Module:
-    """taming's GroupNorm(32) (narrower models keep at least 4 channels per group), or
-    BatchNorm for small tokenizers trained from scratch.
+    """Taming's GroupNorm(32) (narrower models keep at least 4 channels per group).
+
+    Or BatchNorm for small tokenizers trained from scratch.
 
     NOTE: with one channel per group the norm erases each channel's mean, so a small decoder
     could not reproduce flat colours (it learned only grey images). Even with 4 channels per
@@ -63,6 +65,7 @@ class ResnetBlock(nn.Module):
         self.conv2 = nn.Conv2d(out_chs, out_chs, 3, padding=1)
         self.nin_shortcut = nn.Conv2d(in_chs, out_chs, 1) if in_chs != out_chs else None
 
+    @override
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv1(F.silu(self.norm1(x)))
         h = self.conv2(self.dropout(F.silu(self.norm2(h))))
@@ -80,6 +83,7 @@ class AttnBlock(nn.Module):
         self.v = nn.Conv2d(chs, chs, 1)
         self.proj_out = nn.Conv2d(chs, chs, 1)
 
+    @override
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, c, h, w = x.shape
         y = self.norm(x)
@@ -95,6 +99,7 @@ class Downsample(nn.Module):
         super().__init__()
         self.conv = nn.Conv2d(chs, chs, 3, stride=2)
 
+    @override
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(F.pad(x, (0, 1, 0, 1)))
 
@@ -106,6 +111,7 @@ class Upsample(nn.Module):
         super().__init__()
         self.conv = nn.Conv2d(chs, chs, 3, padding=1)
 
+    @override
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(F.interpolate(x, scale_factor=2.0, mode='nearest'))
 
@@ -147,6 +153,8 @@ class _Mid(nn.Module):
 # -- encoder / decoder / quantizer -----------------------------------------------------------------
 
 class Encoder(nn.Module):
+    """The VQGAN encoder: image to ``z_channels`` latents at 1 / 2^(len(ch_mult) - 1) scale."""
+
     def __init__(self, ch: int, ch_mult: Sequence[int], num_res_blocks: int,
                  attn_resolutions: Sequence[int], resolution: int, z_channels: int,
                  in_chs: int = 3, dropout: float = 0.0, norm: str = 'group') -> None:
@@ -168,6 +176,7 @@ class Encoder(nn.Module):
         self.norm_out = _norm(widths[-1], norm)
         self.conv_out = nn.Conv2d(widths[-1], z_channels, 3, padding=1)
 
+    @override
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv_in(x)
         for level in self.down:
@@ -177,6 +186,8 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
+    """The VQGAN decoder: latents back to an image (the encoder's mirror)."""
+
     def __init__(self, ch: int, ch_mult: Sequence[int], num_res_blocks: int,
                  attn_resolutions: Sequence[int], resolution: int, z_channels: int,
                  out_chs: int = 3, dropout: float = 0.0, norm: str = 'group') -> None:
@@ -200,6 +211,7 @@ class Decoder(nn.Module):
         self.norm_out = _norm(in_w, norm)
         self.conv_out = nn.Conv2d(in_w, out_chs, 3, padding=1)
 
+    @override
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         h = self.mid(self.conv_in(z))
         for level in reversed(self.up):
@@ -285,10 +297,12 @@ class VQGAN(BaseModule):
 
     @property
     def n_embed(self) -> int:
+        """The codebook size."""
         return self.quantize.n_embed
 
     @property
     def embed_dim(self) -> int:
+        """The code dimension."""
         return self.quantize.embed_dim
 
     def load_checkpoint(self, path: str) -> None:
@@ -351,6 +365,7 @@ class VQGAN(BaseModule):
         return self.quantize.indices(self.encode_latent(x))
 
     def decode_latent(self, z_q: torch.Tensor) -> torch.Tensor:
+        """Images from quantized latents, in chunks."""
         outs = []
         for chunk in z_q.split(self.chunk_size):
             with self._amp(chunk):
@@ -386,8 +401,11 @@ class VQGAN(BaseModule):
 
 def quantize_images(tokenizer: nn.Module, pixels: torch.Tensor
                     ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(Q(pixels), codes) of [0, 1] RGB images of any size, for any tokenizer with ``encode``,
-    ``decode`` and ``factor``: replicate-padded to a multiple of the factor, cropped back."""
+    """Quantize images of any size with any tokenizer.
+
+    (Q(pixels), codes) of [0, 1] RGB images of any size, for any tokenizer with ``encode``,
+    ``decode`` and ``factor``: replicate-padded to a multiple of the factor, cropped back.
+    """
     f = tokenizer.factor
     h, w = pixels.shape[-2:]
     ph, pw = -h % f, -w % f
@@ -410,7 +428,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: Optional[VQ
     ``tokenizer.`` wrapper prefix is removed: the last is mmrobust's Runner checkpoints of
     :class:`VQTokenizerTrainer`); drops ``loss.*`` (taming's LPIPS and discriminator, the
     trainer's discriminator and statistics) and anything else. The key names are the model's
-    own, so nothing is renamed. Dropped keys go to `dropped` (key -> reason) when it is given.
+    own, so nothing is renamed. Dropped keys go to ``dropped`` (key -> reason) when it is given.
     """
     for wrapper in ('model.', 'module.', 'first_stage_model.', 'tokenizer.'):
         if state_dict and all(k.startswith(wrapper) for k in state_dict
