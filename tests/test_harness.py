@@ -8,6 +8,7 @@ The misbehaving tests below run only inside a pytest of their own, started by th
 check what the harness makes of them (``MMROBUST_HARNESS_SELFTEST`` names the one to run).
 """
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -138,3 +139,17 @@ def test_the_first_user_of_the_trained_detector_gets_the_training_limit(monkeypa
     assert time_limit(user) == SLOW_LIMIT
     assert time_limit(_Item(['tmp_path'])) is None
     assert time_limit(_Item(['tmp_path'], ['slow', 'timeout'])) is None  # its own marker wins
+
+
+def test_the_suite_imports_helpers_not_conftest():
+    """Tests import the package ``helpers``; conftest.py holds fixtures and registers the harness.
+
+    The harness (time limits, watchdog, reaper) is the plugin ``helpers.harness``.
+    """
+    importing = re.compile(r'^\s*(from conftest import|import conftest\b)', re.M)
+    offenders = [str(p.relative_to(REPO)) for p in sorted((REPO / 'tests').rglob('*.py'))
+                 if importing.search(p.read_text())]
+    assert not offenders, f'import from helpers instead of conftest: {offenders}'
+    conftest = (REPO / 'tests' / 'conftest.py').read_text()
+    assert "pytest_plugins = ('helpers.harness',)" in conftest
+    assert 'def pytest_runtest_protocol' not in conftest and 'def descendants' not in conftest
