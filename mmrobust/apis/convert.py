@@ -133,8 +133,8 @@ def build_target(family: str, arch: Optional[str] = None, out_type: Optional[str
 def read_checkpoint(path: str) -> Mapping:
     """A torch checkpoint (loaded safely).
 
-    Or an ``.npz`` of named arrays (TensorFlow variables exported with numpy; arrays of objects are
-    refused).
+    Also an ``.npz`` of named arrays (TensorFlow variables exported with numpy; arrays of objects
+    are refused).
     """
     if not osp.isfile(path):
         raise InputNotFoundError(f'checkpoint {path!r} not found')

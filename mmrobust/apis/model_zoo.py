@@ -99,7 +99,7 @@ class ZooEntry:
     def published_setting(self, dataset: str) -> str:
         """How the published number on ``dataset`` was measured, where that matters.
 
-        For a corrupted set, the protocol, colour order and storage of its images (``''`` for a
+        For a corrupted set: the protocol, colour order and storage of its images (``''`` for a
         clean set).
         """
         if dataset not in CORRUPTED_DATASETS:
@@ -187,7 +187,7 @@ def load_zoo(repo: str) -> List[ZooEntry]:
 def build_zoo_model(config: str) -> torch.nn.Module:
     """A config's model as built by the Runner.
 
-    Without loading any pretrained weights (the parameter count is the architecture's; nothing is
+    No pretrained weights are loaded (the parameter count is the architecture's; nothing is
     downloaded or read), from a fixed seed: a two-stage detector's proposals, and with them its RoI
     heads' FLOPs, are then the same in every run on one machine.
     """

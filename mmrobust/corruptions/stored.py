@@ -117,7 +117,7 @@ def stored_settings(root: str, manifest: Optional[Dict[str, Any]], seed: Optiona
                     bgr_compat: Optional[bool]) -> Tuple[Optional[int], Optional[bool]]:
     """The seed and colour mode of a stored set's cells.
 
-    Its manifest's (``seed`` / ``bgr_compat``, when given, must agree with it); without a manifest,
+    The manifest's (``seed`` / ``bgr_compat``, when given, must agree with it); without a manifest,
     what was given.
 
     Raises:

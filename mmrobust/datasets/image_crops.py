@@ -89,7 +89,7 @@ def dataset_image_paths(config: str, loader: str) -> List[str]:
 class ImageCropsDataset(ImageCrops):
     """:class:`ImageCrops` of the images of another config's dataset.
 
-    As an mmengine dataset (items ``dict(inputs=image)``) for tokenizer training with the Runner.
+    An mmengine dataset (items ``dict(inputs=image)``) for tokenizer training with the Runner.
 
     Args:
         config: an mmdet / mmseg config whose dataset supplies the images (labels unread).

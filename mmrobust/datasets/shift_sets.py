@@ -185,7 +185,7 @@ def shift_dataset(dataset_cfg: Mapping, name: str, level: int,
                   roots: Optional[Mapping[str, str]] = None) -> Dict:
     """The config's test dataset pointed at a shift cell's images and labels.
 
-    Its type, pipeline, metainfo and other arguments kept.
+    Its type, pipeline, metainfo and other arguments are kept.
     """
     shift = SHIFT_SETS[name]
     root = _root(shift.family, roots)
@@ -215,10 +215,10 @@ def _layout_error(name: str, level: int, root: str, what: str) -> ShiftDatasetEr
 
 def check_shift_root(name: str, level: int, roots: Optional[Mapping[str, str]] = None,
                      task: Optional[str] = None) -> None:
-    """A shift cell's root holds its published layout.
+    """Check that a shift cell's root holds its published layout.
 
-    Its image folder with at least one image of its suffix, and that image's label. Else an error
-    naming the layout and its source.
+    That is its image folder with at least one image of its suffix and that image's label; else
+    the error names the layout and its source.
 
     Raises:
         ShiftDatasetError: the root, a folder, an image or its label is missing.

@@ -68,7 +68,8 @@ RANDOM_START = {'fgsm': False, 'pgd': True, 'segpgd': True, 'cospgd': True}
 class AttackError(UsageError):
     """An attack that cannot run as asked.
 
-    Its name, budget, settings, or a model or test pipeline it does not apply to (exit status 2).
+    Its name, budget or settings are wrong, or the model or test pipeline is one it does not apply
+    to (exit status 2).
     """
 
 
@@ -422,8 +423,8 @@ def _seeded(seed: int, device: torch.device) -> Iterator[None]:
 class _Image:
     """One image of a batch as it would be alone.
 
-    Its input cropped to the shape the data preprocessor gives it alone (mmdet's per-image
-    ``pad_shape``), and its samples (the metric's and the loss's) saying so.
+    Each image's input is cropped to the shape the data preprocessor gives it alone (mmdet's
+    per-image ``pad_shape``), and its samples (the metric's and the loss's) saying so.
     """
     index: int
     key: str

@@ -366,7 +366,8 @@ class WorkerDiedError(RuntimeError):
 def _worker_main(conn: Any, scope: Optional[str], imports: Sequence[str]) -> None:
     """The metric worker's loop: import what the metrics need, then compute the cells it is sent.
 
-    In order, sending back ``(seq, ok, result or error)``; ``None`` ends it.
+    The cells are computed in order, each answered with ``(seq, ok, result or error)``; ``None``
+    ends it.
     """
     import importlib
     try:

@@ -89,7 +89,7 @@ def _mask_loads(cfg: Config) -> List[Dict]:
 def without_unread_gt_masks(cfg: Config, evaluator_cfg: Any) -> Tuple[Config, Optional[str]]:
     """The config whose test pipeline does not decode ground-truth masks when no metric reads them.
 
-    And what was decided (None: the pipeline decodes none).
+    Also returns what was decided (None: the pipeline decodes none).
 
     A COCO metric with an ``ann_file`` scores against the file, never against the decoded
     bitmaps (N x H x W per image, rasterised in the dataloader workers and sent to the loop:

@@ -141,8 +141,8 @@ def _iterate_one_pass(runner, loop, cells, per_cell: int, images: int, world: in
                       progress_bar: Progress):
     """Cell by cell: this rank's ``per_cell`` batches of the cell, then every metric's gather.
 
-    On every rank, even one without a batch of the cell (``round_up=False`` with fewer images than
-    ranks, ``drop_last``): the gather is a collective.
+    The gather runs on every rank, even one without a batch of the cell (``round_up=False`` with
+    fewer images than ranks, ``drop_last``): the gather is a collective.
     """
     runner.call_hook('before_test')
     runner.call_hook('before_test_epoch')

@@ -71,7 +71,7 @@ class PipelineError(MMRobustError, ValueError):
 def transform_names(pipeline: Sequence) -> List[str]:
     """The type names of a pipeline's transforms (configs, classes or instances).
 
-    Without their scope (``mmdet.Resize`` → ``Resize``).
+    The scope is dropped (``mmdet.Resize`` → ``Resize``).
     """
     def kind(step) -> str:
         name = step.get('type', '') if isinstance(step, Mapping) else type(step).__name__

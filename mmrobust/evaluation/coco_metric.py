@@ -216,8 +216,8 @@ def _kept_evaluate(self: Any) -> None:
 def _keeping(cocoeval: type) -> type:
     """The backend's COCOeval whose objects are kept after ``evaluate``.
 
-    For their per-image matching. As a class of this module: mmdet-mp pickles the object to its
-    processes, which find the class by name (see the module's ``__getattr__``).
+    They are kept for their per-image matching. It is a class of this module: mmdet-mp pickles the
+    object to its processes, which find the class by name (see the module's ``__getattr__``).
     """
     name = f'{_KEEPING_PREFIX}{cocoeval.__name__}'
     cls = globals().get(name)
@@ -343,7 +343,7 @@ def select_coco_backend(evaluator: Any, backend: Optional[str] = None,
 def without_backend(evaluator: Any) -> Any:
     """A copy of an evaluator config without its COCO metrics' ``backend`` keys.
 
-    Which change how fast the numbers come, not what they are (for fingerprints of what is
+    The backend changes how fast the numbers come, not what they are (for fingerprints of what is
     evaluated).
     """
     evaluator = copy.deepcopy(evaluator)

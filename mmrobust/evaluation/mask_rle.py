@@ -113,7 +113,7 @@ def device_runs(masks: 'torch.Tensor') -> List[np.ndarray]:  # noqa: F821
 def encode_masks(masks: Union[np.ndarray, 'torch.Tensor']) -> List[Dict]:  # noqa: F821
     """``[{'size': [h, w], 'counts': bytes}]`` of (N, H, W) masks.
 
-    As ``encode_mask_results`` gives them (nonzero = inside); masks on an accelerator are encoded
+    The format of ``encode_mask_results`` (nonzero = inside); masks on an accelerator are encoded
     there (:func:`device_runs`).
     """
     if not isinstance(masks, np.ndarray):

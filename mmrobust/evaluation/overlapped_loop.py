@@ -49,7 +49,8 @@ _STOP = object()
 class PostProcessThread:
     """``evaluator.process(outputs, data_batch)`` of each submitted batch, in order.
 
-    On one background thread (``depth`` batches at most waiting; 0: at once, in the caller).
+    They run on one background thread (``depth`` batches at most waiting; 0: at once, in the
+    caller).
 
     ``wait_s`` counts the seconds the caller waited for it (a full queue, :meth:`drain`).
     The first exception of the thread is raised by the next :meth:`submit` or :meth:`drain`;

@@ -55,8 +55,8 @@ def stats_path(folder: str, corruption: str, severity: int) -> str:
 def stats_folders(results_path: str, results: Mapping) -> List[str]:
     """Where a results file's per-image statistics are.
 
-    Its own folder, then those of the shards it was merged from (by their recorded path, or beside
-    the merged file).
+    Its own folder comes first, then those of the shards it was merged from (by their recorded path,
+    or beside the merged file).
     """
     folders = [stats_dir(results_path)]
     base = osp.dirname(osp.abspath(results_path))

@@ -110,7 +110,7 @@ def plan_on_rank0(results: RobustnessResults, folder: str,
 def broadcast_plan(plan: Optional[Plan]) -> Plan:
     """Rank 0's plan (or its error) on every rank.
 
-    So no rank plans another loop or waits alone in a collective.
+    No rank then plans another loop or waits alone in a collective.
     """
     _, world = get_dist_info()
     if world > 1:

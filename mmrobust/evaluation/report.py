@@ -181,7 +181,8 @@ def summary_markdown(results_by_label: Mapping[str, Mapping],
                      summaries: Optional[Mapping[str, Dict]] = None) -> str:
     """Markdown: P_clean / mPC / rPC per model and metric (with their intervals).
 
-    Then the per-corruption means, attacks, paired differences, seeds and CE (:class:`Extras`).
+    Then the per-corruption means, attacks, paired differences, seeds and CE (:class:`Extras`)
+    follow.
     ``summaries``: :func:`summarize` of each, when the caller has them.
     """
     summaries = _summaries(results_by_label, summaries)
@@ -229,10 +230,11 @@ def summary_markdown(results_by_label: Mapping[str, Mapping],
 def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str,
               extras: Optional[Extras] = None,
               summaries: Optional[Mapping[str, Dict]] = None) -> Tuple[str, str]:
-    """``cells.csv`` (every model, metric, corruption, severity) and ``summary.csv``.
+    """Write ``cells.csv`` (every model, metric, corruption, severity) and ``summary.csv``.
 
-    With their intervals (empty where there are none); ``paired.csv``, ``seeds.csv`` and
-    ``corruption_error.csv`` when :class:`Extras` has them. Returns the first two paths.
+    Both carry their intervals (empty where there are none); ``paired.csv``, ``seeds.csv`` and
+    ``corruption_error.csv`` are written when :class:`Extras` has them. Returns the first two
+    paths.
     """
     os.makedirs(out_dir, exist_ok=True)
     extras = extras or Extras()
@@ -316,7 +318,8 @@ def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
          summaries: Optional[Mapping[str, Dict]] = None) -> List[str]:
     """Per-corruption bars and per-severity curves, models side by side.
 
-    And P_clean / mPC / rPC with their intervals where :class:`Extras` has them; returns the PNGs.
+    Also P_clean / mPC / rPC with their intervals where :class:`Extras` has them. Returns the
+    PNGs.
     """
     import matplotlib
     matplotlib.use('Agg')

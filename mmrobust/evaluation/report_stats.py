@@ -266,7 +266,7 @@ def entries_by(entries: Sequence[Tuple[str, str, Mapping]], label: str) -> Mappi
 def adversarial_curves(results: Mapping) -> Dict[str, Dict[str, List[Tuple[float, float]]]]:
     """``{metric: {attack: [(epsilon, value), ...]}}`` of a results file's attack cells.
 
-    From epsilon 0 (the clean score) up; empty without attacks.
+    Ordered from epsilon 0 (the clean score) up; empty without attacks.
     """
     curves: Dict[str, Dict[str, List[Tuple[float, float]]]] = {}
     clean = results['cells'].get('clean', {})

@@ -83,7 +83,7 @@ def evaluation_sha256(identity: Mapping) -> str:
 class ResultsLayout:
     """The files a results file owns, next to it.
 
-    So that two results files in one folder keep their own (``<stem>``: its path without the
+    Two results files in one folder thus keep their own (``<stem>``: its path without the
     extension):
 
     - ``<stem>_report/``: the report's tables and plots;
@@ -288,7 +288,7 @@ _LEGACY_COCO_NAMES = {'AP': 'mAP', 'AP50': 'mAP_50', 'AP75': 'mAP_75', 'APs': 'm
 def _scores(metrics: Mapping, where: str) -> Dict[str, float]:
     """A cell's numbers: mmdet 3.x's flat ``{name: value}``.
 
-    Or mmdet 1.x / 2.x's nested ``{task: {'AP': ...}}`` as ``coco/<task>_mAP...`` (mmdet 3.x's
+    Also mmdet 1.x / 2.x's nested ``{task: {'AP': ...}}`` as ``coco/<task>_mAP...`` (mmdet 3.x's
     names).
     """
     scores: Dict[str, float] = {}

@@ -23,7 +23,7 @@ def confusion_areas(pred_label: torch.Tensor, label: torch.Tensor, num_classes: 
                     ignore_index: int) -> Tuple[torch.Tensor, ...]:
     """Intersection, union, prediction and label areas per class.
 
-    As mmseg's ``IoUMetric.intersect_and_union`` returns them (float tensors on the CPU).
+    The same as mmseg's ``IoUMetric.intersect_and_union`` returns (float tensors on the CPU).
     """
     pred_label, label = pred_label.reshape(-1).long(), label.reshape(-1).long()
     if pred_label.numel() == 0:

@@ -316,7 +316,7 @@ def load_tokenizer_checkpoint(path: str) -> Dict[str, torch.Tensor]:
 class StrictPretrainedInit:
     """mmengine's ``Pretrained`` initialisation, strictly.
 
-    For backbones that mmdet / mmpretrain define (Darknet-53, EfficientNet-B0, ResNet): their
+    Used for backbones that mmdet / mmpretrain define (Darknet-53, EfficientNet-B0, ResNet): their
     released checkpoints load unchanged, and a missing, unexpected or mis-shaped key is an error
     that lists them, where mmengine's own ``Pretrained`` loads what matches and only warns.
 

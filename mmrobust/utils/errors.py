@@ -137,7 +137,7 @@ def run_tool(main: Callable[[], Optional[int]]) -> NoReturn:
 def shareable(err: BaseException) -> BaseException:
     """``err`` if it pickles (it crosses to other ranks or processes).
 
-    Else a RuntimeError with its message: an error must stop the receiver either way.
+    Otherwise a RuntimeError with its message: an error must stop the receiver either way.
     """
     import pickle
     try:

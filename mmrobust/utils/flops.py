@@ -1,6 +1,6 @@
 """FLOP counting: fused attention in mmengine's complexity analysis (``get_flops.py``).
 
-And the project's own counter (torch's FlopCounterMode with the CPU attention kernel), which the
+Also the project's own counter (torch's FlopCounterMode with the CPU attention kernel), which the
 benchmarks and the model zoo's metafiles use.
 
 mmengine's jit-based :class:`~mmengine.analysis.FlopAnalyzer` has no handle for

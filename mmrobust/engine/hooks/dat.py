@@ -211,8 +211,8 @@ class DATHook(Hook):
     def attack_batch(self, data_batch: dict, iteration: int) -> dict:
         """Preprocess a raw batch as training iteration ``iteration`` does.
 
-        With the attack when the hook is active then (:meth:`is_active`), clean otherwise. Needs
-        :meth:`attach`.
+        The batches run with the attack when the hook is active then (:meth:`is_active`), clean
+        otherwise. Needs :meth:`attach`.
         """
         if self._preprocessor is None:
             raise RuntimeError('DATHook.attack_batch needs the hook attached to a model first '

@@ -83,7 +83,7 @@ class StrictLoadHook(Hook):
 def strict_load_outcome(runner) -> Optional[Dict]:
     """What the runner's :class:`StrictLoadHook` found at its last load (None: no hook or no load).
 
-    For results files to record what happened rather than which flag was passed.
+    Results files record it: what happened rather than which flag was passed.
     """
     hooks = [h for h in runner.hooks if isinstance(h, StrictLoadHook)]
     return hooks[0].last_load if hooks else None

@@ -59,7 +59,7 @@ class DenseBackbone(BaseModule):
     def _dense_output(x: torch.Tensor, in_h: int, in_w: int, stride: int) -> torch.Tensor:
         """A stride-``stride`` map cropped to the unpadded ``in_h`` x ``in_w`` input.
 
-        As contiguous NCHW.
+        The result is contiguous NCHW.
 
         NOTE: the token layouts make the maps channels-last or cropped views, and mmcv 2.1's
         RoIAlign reads its input as contiguous NCHW whatever its strides: the FPN passes the

@@ -239,8 +239,8 @@ class VQTokenizerTrainer(BaseModel):
     def kmeans_init(self, images: torch.Tensor, it: int) -> None:
         """The codebook as k-means centroids of the banked latents (plus this batch's).
 
-        From a seeded k-means++ start; an emptied cluster takes a random latent. In DDP rank 0's
-        codebook goes to every rank.
+        k-means starts from a seeded k-means++ draw; an emptied cluster takes a random latent. In
+        DDP rank 0's codebook goes to every rank.
         """
         state, vq = self.state, self.vqgan
         points = torch.cat([state.bank[len(state.bank) - int(state.bank_filled):],

@@ -36,7 +36,7 @@ NORMS = ('group', 'batch')
 def _norm(channels: int, kind: str = 'group') -> nn.Module:
     """Taming's GroupNorm(32) (narrower models keep at least 4 channels per group).
 
-    Or BatchNorm for small tokenizers trained from scratch.
+    BatchNorm instead for small tokenizers trained from scratch.
 
     NOTE: with one channel per group the norm erases each channel's mean, so a small decoder
     could not reproduce flat colours (it learned only grey images). Even with 4 channels per
