@@ -42,8 +42,9 @@ def _vqgan_filter(checkpoint: Mapping, model: nn.Module, dropped: Dict[str, str]
 class _Family:
     """A family's target model, its options and its checkpoint conversion.
 
-    How to build a family's target model, what its arch / out-type options mean and how its
-    checkpoints convert.
+    ``build(arch, out_type)`` makes the model, ``archs`` / ``out_types`` are the options,
+    ``filter`` converts an upstream checkpoint and ``separate`` names the parts loaded from a
+    checkpoint of their own.
     """
     build: Callable[[str, str], nn.Module]
     archs: Tuple[str, ...]
