@@ -36,7 +36,8 @@ from ..utils.errors import InputNotFoundError, MMRobustError
 from .utils import unwrap_model
 
 __all__ = ['CheckpointMismatchError', 'PARTIAL_LOAD_FLAG', 'StrictPretrainedInit',
-           'checkpoint_state', 'dropped_summary', 'dry_run_load', 'load_checkpoint_strict',
+           'check_whole_model', 'checkpoint_state', 'dropped_summary', 'dry_run_load',
+           'load_checkpoint_strict',
            'load_pretrained', 'load_state_dict_strict', 'load_tokenizer_checkpoint',
            'loadable_state', 'loaded_module', 'mismatch_message', 'state_dict_mismatch',
            'unwrap_state_dict']
@@ -274,6 +275,40 @@ def _short_error(error: str) -> str:
     return f'{key}: checkpoint ({ckpt}) vs model ({own})'
 
 
+def check_whole_model(model: nn.Module, state: Dict, source: str, allow_partial: bool,
+                      warn: Callable[[str], None]) -> Dict:
+    """Judge ``state`` against ``model`` by mmengine's rules (:func:`dry_run_load`).
+
+    The one verdict of :class:`~mmrobust.engine.StrictLoadHook` and
+    :func:`load_checkpoint_strict`: a mismatch raises with the lists, or, with ``allow_partial``
+    (the explicit opt-out), goes to ``warn`` as a ``PARTIAL LOAD``.
+
+    Returns:
+        What the load meets: ``matched`` tensors, sorted ``missing`` and ``unexpected`` keys,
+        ``errors`` (shape mismatches).
+
+    Raises:
+        CheckpointMismatchError: a key is missing, unexpected or mis-shaped and not
+            ``allow_partial``.
+    """
+    missing, unexpected, errors = dry_run_load(model, state)
+    outcome = {'matched': len(state) - len(unexpected) - len(errors),
+               'missing': sorted(missing), 'unexpected': sorted(unexpected), 'errors': errors}
+    if not (missing or unexpected or errors):
+        return outcome
+    message = mismatch_message(f'{source} does not match {type(model).__name__}:', missing,
+                               unexpected, errors)
+    if not allow_partial:
+        raise CheckpointMismatchError(
+            f'{message}. Is it a checkpoint of another architecture, variant or number of '
+            'classes? Use the config it was trained with. For an intended partial load (e.g. '
+            f'fine-tuning), pass {PARTIAL_LOAD_FLAG} (allow_partial_load=True in the API); the '
+            'lists are then logged.')
+    warn(f'PARTIAL LOAD ({PARTIAL_LOAD_FLAG}): {message}; missing weights keep their '
+         'initialisation')
+    return outcome
+
+
 def load_checkpoint_strict(model: nn.Module, checkpoint: str,
                            allow_partial_load: bool = False) -> dict:
     """Load a whole-model checkpoint (mmengine's, or a plain state dict) into ``model``.
@@ -287,16 +322,10 @@ def load_checkpoint_strict(model: nn.Module, checkpoint: str,
     raw = _load_checkpoint(checkpoint, map_location='cpu')
     state = checkpoint_state(raw, checkpoint)
     model = loaded_module(model)
-    problems = dry_run_load(model, state)  # NOTE: by mmengine's rules, as StrictLoadHook
-    if any(problems):
-        message = mismatch_message(f'{checkpoint} does not match {type(model).__name__}:',
-                                   *problems)
-        if not allow_partial_load:
-            raise CheckpointMismatchError(
-                f'{message}. Use the config it was trained with, or {PARTIAL_LOAD_FLAG} '
-                '(allow_partial_load=True) for an intended partial load.')
-        print_log(f'PARTIAL LOAD: {message}; the rest keeps its initialisation',
-                  logger='current', level=logging.WARNING)
+    outcome = check_whole_model(
+        model, state, checkpoint, allow_partial_load,
+        lambda message: print_log(message, logger='current', level=logging.WARNING))
+    if outcome['matched'] < len(state) or outcome['missing']:
         own = loadable_state(model)
         state = {k: v for k, v in state.items() if k in own and v.shape == own[k].shape}
     model.load_state_dict(state, strict=False)

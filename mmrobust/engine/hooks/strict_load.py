@@ -26,14 +26,7 @@ from typing import Dict, Optional
 from mmengine.hooks import Hook
 from typing_extensions import override
 
-from ...models.checkpoint import (
-    PARTIAL_LOAD_FLAG,
-    CheckpointMismatchError,
-    checkpoint_state,
-    dry_run_load,
-    loaded_module,
-    mismatch_message,
-)
+from ...models.checkpoint import check_whole_model, checkpoint_state, loaded_module
 from ...registry import HOOKS
 
 
@@ -60,24 +53,11 @@ class StrictLoadHook(Hook):
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         model = loaded_module(runner.model)
         state = checkpoint_state(checkpoint)
-        missing, unexpected, errors = dry_run_load(model, state)
-        self.last_load = {'matched': len(state) - len(unexpected) - len(errors),
-                          'missing': sorted(missing), 'unexpected': sorted(unexpected),
-                          'errors': errors}
-        if not (missing or unexpected or errors):
+        self.last_load = check_whole_model(model, state, 'the checkpoint', self.allow_partial,
+                                           runner.logger.warning)
+        if self.last_load['matched'] == len(state) and not self.last_load['missing']:  # all fit
             runner.logger.info(f'checkpoint matches {type(model).__name__}: all {len(state)} '
                                'tensors (strict load)')
-            return
-        header = f'the checkpoint does not match the model ({type(model).__name__}):'
-        message = mismatch_message(header, missing, unexpected, errors)
-        if self.allow_partial:
-            runner.logger.warning(f'PARTIAL LOAD ({PARTIAL_LOAD_FLAG}): {message}; missing '
-                                  'weights keep their initialisation')
-            return
-        raise CheckpointMismatchError(
-            f'{message}. Is it a checkpoint of another architecture, variant or number of '
-            'classes? Use the config it was trained with. For an intended partial load (e.g. '
-            f'fine-tuning), pass {PARTIAL_LOAD_FLAG}; the lists are then logged.')
 
 
 def strict_load_outcome(runner) -> Optional[Dict]:
