@@ -496,3 +496,21 @@ def test_dat_and_the_attacks_take_the_same_step(toy_data):
     inside = ((x0 + delta > 0) & (x0 + delta < 1)).expand_as(x0) & mask
     assert float(delta.flatten(1).norm(dim=1)) == pytest.approx(alpha, rel=1e-5)
     torch.testing.assert_close(attacked[inside], delta[inside], rtol=1e-3, atol=1e-6)
+
+
+def test_a_loss_that_fails_on_the_test_data_is_a_failure_not_a_usage_error():
+    """A model whose training loss raises on the test data: exit status 1 with what to add.
+
+    Before, it was an AttackError, a usage error (status 2), though the command line was right.
+    """
+    from mmrobust.evaluation import attacks
+    from mmrobust.utils.errors import MMRobustError
+
+    class NoGroundTruth(torch.nn.Module):
+        def forward(self, inputs, samples, mode):
+            raise KeyError('gt_instances')
+
+    with pytest.raises(MMRobustError) as err:
+        attacks._task_loss(NoGroundTruth(), torch.zeros(1, 3, 8, 8), [])
+    assert err.value.exit_code == 1
+    assert 'NoGroundTruth' in str(err.value) and 'LoadAnnotations' in str(err.value)
