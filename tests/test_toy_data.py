@@ -111,6 +111,11 @@ def test_toy_cityscapes_is_valid_cityscapes(toy_data):
                                cv2.IMREAD_UNCHANGED)
         ids = cv2.imread(str(root / 'gtFine' / f'{stem}_gtFine_labelIds.png'),
                          cv2.IMREAD_UNCHANGED)
+        instances = cv2.imread(str(root / 'gtFine' / f'{stem}_gtFine_instanceIds.png'),
+                               cv2.IMREAD_UNCHANGED)
+        things = instances >= 1000  # Cityscapes: id * 1000 + k for classes with instances
+        assert instances.dtype == np.uint16 and (instances[~things] == ids[~things]).all()
+        assert (instances[things] // 1000 == ids[things]).all() and (ids[~things] < 24).all()
         img = cv2.imread(str(img_path))
         assert img.shape == (256, 512, 3) and train_ids.shape == (256, 512)
         values = set(np.unique(train_ids).tolist())

@@ -10,12 +10,12 @@ readers; :func:`read_stored_set` checks a set before an evaluation reads it, and
 """
 import json
 import os.path as osp
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 from ..utils.errors import InputNotFoundError, MMRobustError
 
 __all__ = ['MANIFEST', 'StoredSetError', 'cell_folder', 'cell_image_path', 'read_stored_set',
-           'stored_set_identity', 'stored_settings']
+           'stored_content_identity', 'stored_set_identity', 'stored_settings']
 
 MANIFEST = 'manifest.json'
 
@@ -105,12 +105,37 @@ def stored_set_identity(manifest: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     How its pixels were made (not where it lies, so a copy on another node's disk is the same set).
     """
     if manifest is None:
-        return {'manifest': False}
+        return {'manifest': False}  # NOTE: the evaluation adds the content's fingerprint
     lossless = bool(manifest.get('lossless', False))
     return {'manifest': True, 'seed': manifest.get('seed'),
             'channel_order': manifest.get('channel_order'), 'lossless': lossless,
             'jpeg_quality': None if lossless else manifest.get('jpeg_quality'),
             'images': (manifest.get('counts') or {}).get('images')}
+
+
+def stored_content_identity(root: str, cells: Iterable[Tuple[str, int]]) -> Dict[str, Any]:
+    """A fingerprint of a stored set without a manifest: what its cells' folders hold.
+
+    Each file's path relative to its cell folder and its size, over ``cells`` (the clean cell has
+    no folder), hashed: another set (other images, other corruptions at the same paths written
+    differently) under the same or another root gives another fingerprint, and a copy of the
+    same set elsewhere the same one. A stat per file, no read.
+    """
+    import hashlib
+    import os
+    digest = hashlib.sha256()
+    files = 0
+    for corruption, severity in sorted({(c, int(s)) for c, s in cells}):
+        folder = cell_folder(root, corruption, severity)
+        digest.update(f'{corruption}/{severity}\n'.encode())
+        for dirpath, dirnames, filenames in os.walk(folder):
+            dirnames.sort()
+            for name in sorted(filenames):
+                path = osp.join(dirpath, name)
+                rel = osp.relpath(path, folder)
+                digest.update(f'{rel}\t{os.stat(path).st_size}\n'.encode())
+                files += 1
+    return {'manifest': False, 'content_sha256': digest.hexdigest(), 'files': files}
 
 
 def stored_settings(root: str, manifest: Optional[Dict[str, Any]], seed: Optional[int],

@@ -293,12 +293,29 @@ def _toy_cityscapes_image(rng: np.random.Generator, h: int = 256,
     return np.clip(img, 0, 255).astype(np.uint8), label
 
 
+def _instance_ids(ids: np.ndarray) -> np.ndarray:
+    """Cityscapes' ``instanceIds`` of a label-id map (uint16).
+
+    A pixel of a class with instances (label ids 24-33) is ``id * 1000 + k``, ``k`` its
+    connected region; any other pixel is its label id.
+    """
+    out = ids.astype(np.uint16)
+    for label_id in np.unique(ids):
+        if label_id < 24:
+            continue
+        count, regions = cv2.connectedComponents((ids == label_id).astype(np.uint8))
+        for k in range(1, count):
+            out[regions == k] = int(label_id) * 1000 + k - 1
+    return out
+
+
 def make_toy_cityscapes(root: str, seed: int = 0, num_train: int = 32,
                         num_val: int = 8) -> Dict[str, int]:
     """Write a toy Cityscapes-layout semantic segmentation dataset (512x256) to ``root``.
 
     Layout: ``leftImg8bit/{train,val}/<city>/<city>_<seq>_<frame>_leftImg8bit.png`` and
-    ``gtFine/{split}/<city>/..._gtFine_labelTrainIds.png`` (+ ``_gtFine_labelIds.png``).
+    ``gtFine/{split}/<city>/..._gtFine_labelTrainIds.png`` (+ ``_gtFine_labelIds.png`` and
+    ``_gtFine_instanceIds.png``, which cityscapesscripts' evaluation reads).
 
     Returns:
         Number of images per split.
@@ -316,6 +333,8 @@ def make_toy_cityscapes(root: str, seed: int = 0, num_train: int = 32,
             gt_dir = osp.join(root, 'gtFine', split, city)
             _write_image(osp.join(gt_dir, f'{stem}_gtFine_labelTrainIds.png'), label)
             _write_image(osp.join(gt_dir, f'{stem}_gtFine_labelIds.png'), lut[label])
+            _write_image(osp.join(gt_dir, f'{stem}_gtFine_instanceIds.png'),
+                         _instance_ids(lut[label]))
         counts[f'{split}_images'] = num
     return counts
 
@@ -473,12 +492,17 @@ TOY_SHIFT_ROOTS = {'acdc': 'toy_acdc', 'foggy_cityscapes': 'toy_foggy_cityscapes
 _MARKER = '.mmrobust_toy.json'
 
 
+#: What a toy set's generator writes, by version: a copy of an older one is generated again.
+_VERSIONS = {'toy_cityscapes': 2}  # 2: instanceIds
+
+
 def generate_toy_dataset(name: str, root: str, seed: int = 0,
                          force: bool = False) -> Dict[str, int]:
     """Generate toy dataset ``name`` into ``root`` unless a complete copy with this seed is there.
 
-    A marker file written last records the seed and counts, so an interrupted run is redone and a
-    complete one is skipped.
+    A marker file written last records the seed, counts and the generator's version, so an
+    interrupted run is redone, a copy an older generator wrote is written again, and a complete
+    one is skipped.
     """
     if name not in TOY_DATASETS:
         raise UnknownNameError(f'unknown toy dataset {name!r}; choose from {sorted(TOY_DATASETS)}')
@@ -486,8 +510,8 @@ def generate_toy_dataset(name: str, root: str, seed: int = 0,
     if not force and osp.isfile(marker):
         with open(marker) as f:
             info = json.load(f)
-        if info.get('seed') == seed:
+        if info.get('seed') == seed and info.get('version', 1) == _VERSIONS.get(name, 1):
             return info['counts']
     counts = TOY_DATASETS[name](root, seed=seed)
-    _write_json(marker, dict(name=name, seed=seed, counts=counts))
+    _write_json(marker, dict(name=name, seed=seed, counts=counts, version=_VERSIONS.get(name, 1)))
     return counts

@@ -10,10 +10,12 @@ only after the cell's metrics are in the results file, so a run killed during a 
 from it without inference.
 """
 import json
+import multiprocessing.util as _multiprocessing_util
 import os
 import os.path as osp
 import pickle
 import time
+import weakref
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from mmengine.dist import collect_results, get_dist_info
@@ -363,17 +365,26 @@ class WorkerDiedError(RuntimeError):
     """The metric worker process ended (killed, out of memory) with cells in its hands."""
 
 
-def _worker_main(conn: Any, scope: Optional[str], imports: Sequence[str]) -> None:
+def _worker_main(conn: Any, scope: Optional[str], imports: Sequence[str], parent: int) -> None:
     """The metric worker's loop: import what the metrics need, then compute the cells it is sent.
 
     The cells are computed in order, each answered with ``(seq, ok, result or error)``; ``None``
-    ends it.
+    ends it. The worker exits when ``parent`` (the loop's process) is gone, mid-metric too, and so
+    do the processes its metrics fork (mmdet's ``COCOevalMP`` pool).
     """
     import importlib
+
+    from ..utils.processes import children_die_with_parent, exit_with_parent
+    exit_with_parent(parent)
+    children_die_with_parent()
     try:
         import mmrobust  # noqa: F401  (registers mmrobust's metrics in a fresh worker)
-        for module in imports:  # NOTE: the config's custom_imports and the metrics' modules
-            importlib.import_module(module)
+        for module, optional in imports:  # NOTE: the config's custom_imports and the metrics'
+            try:  # modules
+                importlib.import_module(module)
+            except ImportError:
+                if not optional:  # NOTE: allow_failed_imports, as mmengine honours it
+                    raise
     except BaseException as err:
         conn.send((-1, False, shareable(err)))
         return
@@ -443,9 +454,14 @@ class MetricWorker:
             import multiprocessing
             context = multiprocessing.get_context('spawn')
             self._conn, child = context.Pipe()
+            # NOTE: not a daemon: a daemon may not start processes, and mmdet's COCOevalMP
+            # (--coco-backend mmdet-mp) starts a pool. It is stopped before multiprocessing's
+            # exit handler joins its children, and it exits by itself when this process dies.
             self._proc = context.Process(target=_worker_main, name='mmrobust-metric-worker',
-                                         args=(child, self.scope, self.imports), daemon=True)
+                                         args=(child, self.scope, self.imports, os.getpid()),
+                                         daemon=False)
             self._proc.start()
+            _LIVE_WORKERS.add(self)
             child.close()  # NOTE: so the worker's end closing reaches this end as EOF
         self._seq += 1
         try:
@@ -497,26 +513,71 @@ class MetricWorker:
             self._proc.join()
         self._conn.close()
         self._proc = self._conn = None
+        _LIVE_WORKERS.discard(self)
+
+
+_LIVE_WORKERS: 'weakref.WeakSet[MetricWorker]' = weakref.WeakSet()
+
+
+def _stop_live_workers() -> None:
+    """At exit, before multiprocessing joins its (non-daemon) children: stop the workers left."""
+    for worker in list(_LIVE_WORKERS):
+        worker.close(cancel=True)
+
+
+# NOTE: multiprocessing's exit handler runs finalizers of priority >= 0 before it joins the
+# non-daemon children; a worker no one closed (an error path that missed it) would be joined
+# forever otherwise
+_multiprocessing_util.Finalize(None, _stop_live_workers, exitpriority=10)
+
+
+def _importable(module: str) -> bool:
+    """Whether a fresh process can find ``module`` (by its spec, as the worker's import will)."""
+    import importlib.util
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def worker_imports(evaluator_cfg: Any, custom_imports: Optional[Mapping], scope: Optional[str]
-                   ) -> List[str]:
-    """What the metric worker imports before building the metrics.
+                   ) -> List[Tuple[str, bool]]:
+    """What the metric worker imports before building the metrics, checked before inference.
 
-    The config's ``custom_imports`` and the module of each metric's class (found here, where the
-    config's imports ran).
+    ``(module, optional)`` pairs: the config's ``custom_imports`` and the module of each metric's
+    class (found here, where the config's imports ran). Under ``allow_failed_imports=True`` a
+    custom import that failed here is left out (logged), as mmengine left it out of this process;
+    one that is missing without it stops the run now, not after the first cells' inference.
 
     Raises:
         MetricClassError: a metric's class lives where a fresh process cannot import it (a
             script's ``__main__``, a file loaded by path); says what to do.
+        ConfigError: a custom import no process can import, and failed imports are not allowed.
     """
-    import importlib.util
+    import sys
 
     from mmengine.registry import METRICS
 
     from .coco_metric import metric_entries
-    modules = (custom_imports or {}).get('imports') or []
+    custom = dict(custom_imports or {})
+    modules = custom.get('imports') or []
     modules = [modules] if isinstance(modules, str) else list(modules)
+    optional = bool(custom.get('allow_failed_imports', False))
+    pairs: List[Tuple[str, bool]] = []
+    for module in modules:
+        if module in sys.modules:
+            pairs.append((module, optional))
+        elif optional:
+            print_log(f'custom import {module!r} failed in this process and is ignored '
+                      '(allow_failed_imports=True): the metric worker does not import it either',
+                      logger='current', level=30)
+        elif _importable(module):
+            pairs.append((module, False))
+        else:
+            raise ConfigError(
+                f'the config\'s custom_imports names {module!r}, which cannot be imported. '
+                'Install it or put it on PYTHONPATH, remove it from custom_imports, or set '
+                'allow_failed_imports=True to run without it.')
     for entry in metric_entries(evaluator_cfg):
         kind = entry.get('type')
         with METRICS.switch_scope_and_registry(scope) as registry:  # NOTE: as build() finds it
@@ -524,17 +585,14 @@ def worker_imports(evaluator_cfg: Any, custom_imports: Optional[Mapping], scope:
         if cls is None:
             continue  # NOTE: the loop's own build names what is unknown, before inference
         module = cls.__module__
-        spec = None
-        if module != '__main__':
-            try:
-                spec = importlib.util.find_spec(module)
-            except (ImportError, ValueError):
-                spec = None
-        if spec is None:
+        if module == '__main__' or not _importable(module):
             raise MetricClassError(
                 f'the metric {cls.__name__} is defined in {module!r}, which the metric worker '
                 '(a fresh process) cannot import. Define it in an importable module and list '
                 'that module in the config\'s custom_imports, or compute the metrics in this '
                 'process with --metric-queue 0.')
-        modules.append(module)
-    return list(dict.fromkeys(modules))
+        pairs.append((module, False))
+    seen: Dict[str, bool] = {}
+    for module, opt in pairs:  # NOTE: required wins over optional
+        seen[module] = seen.get(module, True) and opt
+    return list(seen.items())

@@ -31,6 +31,7 @@ from .background import (
     predictions_path,
     save_cell_predictions,
 )
+from .cell_evaluators import FILE_WRITING_METRICS
 from .cells import CLEAN, Cell
 from .per_image import StatsTarget, write_cell_stats
 from .results import RobustnessResults, identity_sha256
@@ -189,6 +190,8 @@ class MetricQueue:
         """The cell's metric in this process, by the loop's own metrics."""
         start = time.perf_counter()
         for metric, entry in zip(metrics_of_loop, self.metric_cfgs(cell)[1]):
+            if type(metric).__name__ in FILE_WRITING_METRICS:
+                continue  # NOTE: built for this cell alone (mmdet's keeps <prefix>/results)
             for key in ('out_file_path', 'outfile_prefix'):  # NOTE: the one-pass loop's
                 if entry.get(key):  # metrics serve every cell; these are the cell's own
                     setattr(metric, key, entry[key])

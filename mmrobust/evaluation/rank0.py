@@ -79,15 +79,22 @@ class Plan:
 
 
 def plan_on_rank0(results: RobustnessResults, folder: str,
-                   shard: Optional[Tuple[int, int]] = None) -> Plan:
+                  shard: Optional[Tuple[int, int]] = None, use_saved: bool = True) -> Plan:
     """The cells left to do (of ``shard`` only, if given).
 
-    Predictions a killed run saved are used instead of inference.
+    Predictions a killed run saved are used instead of inference (``use_saved``; otherwise they
+    are removed, and their cells inferred again).
     """
     cells = planned_cells(results.identity)
     if shard is not None:
         cells = shard_cells(cells, *shard)
     saved, unused = saved_cells(folder, identity_sha256(results.identity), cells)
+    if saved and not use_saved:
+        print_log(f'{len(saved)} saved predictions in {folder} are not used: the metric\'s '
+                  'files they point to belong to the run that wrote them; their cells are '
+                  'inferred again', logger='current', level=30)
+        unused += list(saved.values())
+        saved = {}
     for path in unused:
         print_log(f'removing {path} (not of this evaluation, see above)', logger='current',
                   level=30)

@@ -197,6 +197,8 @@ class RobustnessResults(ResultsStore):
                          fix='delete the file to start fresh, or pass --results with another '
                          'path')
         self.data.setdefault('timing', {})
+        if old is not None:
+            _say_moved_paths(path, old, identity)
 
     @override
     def done(self, corruption: str, severity: int) -> bool:
@@ -206,6 +208,21 @@ class RobustnessResults(ResultsStore):
     def record(self, corruption: str, severity: int, metrics: Dict, timing: Dict) -> None:
         self.data['timing'].setdefault(corruption, {})[str(severity)] = timing
         super().record(corruption, str(severity), value=metrics)
+
+
+#: Paths an identity records for the reader (not compared): a resume that changes one says so.
+RECORDED_PATHS = ('corrupted_root', 'config', 'checkpoint')
+
+
+def _say_moved_paths(path: str, old: Mapping, identity: Mapping) -> None:
+    """Log each recorded path a resume replaces (same evaluation, files found elsewhere)."""
+    from mmengine.logging import print_log
+    for key in RECORDED_PATHS:
+        if key in old and old.get(key) != identity.get(key):
+            print_log(f'{path} recorded {key} {old.get(key)!r}; this run reads '
+                      f'{identity.get(key)!r}, which the identity check found to be the same '
+                      f'(its cells are kept): the file now records the new {key}',
+                      logger='current', level=30)
 
 
 def _peek_json(path: str) -> Optional[Dict]:

@@ -30,12 +30,14 @@ from ..corruptions.stored import (
     MANIFEST,
     cell_folder,
     read_stored_set,
+    stored_content_identity,
     stored_set_identity,
     stored_settings,
 )
 from ..datasets.shift_sets import check_shift_root, shift_identity
 from ..models.utils import unwrap_model
 from ..utils.config_checks import leaf_datasets
+from ..utils.processes import children_die_with_parent
 from ..utils.progress import Progress
 from .attacks import attack_of_cell, check_attack_pipeline
 from .background import (
@@ -157,7 +159,7 @@ class RobustnessOptions:
     shift_roots: Optional[Dict[str, str]] = None
 
 
-def _resolve_source(runner, cfg: Config, opts: RobustnessOptions
+def _resolve_source(runner, cfg: Config, protocol: Protocol, opts: RobustnessOptions
                     ) -> Tuple[CellSource, Optional[Dict]]:
     """Where the cells' images come from, and the stored set's provenance.
 
@@ -191,15 +193,22 @@ def _resolve_source(runner, cfg: Config, opts: RobustnessOptions
                   'were made is unknown; the results record that (stored_set) and the seed / '
                   f'colour mode given ({seed}, bgr_compat={bgr_compat})', logger='current',
                   level=30)
+        # NOTE: its identity is its content (paths and sizes of the cells read), so that a
+        # rerun on another set is evaluated, not relabelled
+        # (rank 0 alone compares it: a stat per file, once)
+        return CellSource(seed, bgr_compat, root), stored_content_identity(
+            root, [(c, s) for c, sevs in protocol.severities.items() for s in sevs]
+        ) if get_dist_info()[0] == 0 else stored_set_identity(None)
     return CellSource(seed, bgr_compat, root), stored_set_identity(manifest)
 
 
 def _open_results(cfg: Config, protocol: Protocol, layout: ResultsLayout, opts: RobustnessOptions,
-                  source: CellSource, stored_set: Optional[Dict], backends: List[str]
-                  ) -> Tuple[Optional[RobustnessResults], Plan]:
+                  source: CellSource, stored_set: Optional[Dict], backends: List[str],
+                  use_saved: bool = True) -> Tuple[Optional[RobustnessResults], Plan]:
     """Rank 0 opens (or resumes) the results file and plans the cells.
 
-    Every rank gets the plan (or rank 0's error).
+    Every rank gets the plan (or rank 0's error). ``use_saved``: a killed run's saved predictions
+    may be used (not when a metric's files belong to the process that wrote them).
     """
     results: Optional[RobustnessResults] = None
     plan: Optional[Plan] = None
@@ -215,7 +224,7 @@ def _open_results(cfg: Config, protocol: Protocol, layout: ResultsLayout, opts: 
             results = RobustnessResults(layout.results_path, identity)
             if backends:  # the latest run's; each cell records its own in its timing
                 results.data['coco_backend'] = ', '.join(backends)
-            plan = plan_on_rank0(results, layout.predictions, opts.shard)
+            plan = plan_on_rank0(results, layout.predictions, opts.shard, use_saved)
         except Exception as err:
             plan = Plan(infer=[], error=err)
     return results, broadcast_plan(plan)
@@ -251,19 +260,28 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
             are kept and a rerun resumes from them.
     """
     opts = options or RobustnessOptions()
-    source, stored_set = _resolve_source(runner, cfg, opts)
+    children_die_with_parent()  # NOTE: a killed run's dataloader workers must not outlive it
+    source, stored_set = _resolve_source(runner, cfg, protocol, opts)
     evaluators = CellEvaluators.build(cfg, opts)
     writes_files = side_file_metrics(evaluators.evaluator)  # NOTE: format_only stops here
     if writes_files and opts.one_pass:
         print_log(f'one dataloader for every cell is not used: {writes_files}', logger='current')
+    depth = opts.metric_queue
+    if writes_files and depth:
+        # NOTE: their files belong to the objects that wrote them (mmseg's CityscapesMetric
+        # removes its folder when dropped, mmdet's CityScapesMetric empties it when built), so
+        # no other process can compute from them
+        depth = 0
+        print_log(f'each cell\'s metric is computed in this process right after its inference, '
+                  f'not beside the next cell ({writes_files})', logger='current', level=30)
     # NOTE: every rank, before any inference: a metric the worker could not build stops here
     imports = worker_imports(evaluators.evaluator, cfg.get('custom_imports'),
-                             cfg.get('default_scope')) if opts.metric_queue else []
+                             cfg.get('default_scope')) if depth else []
     layout = ResultsLayout(results_path)
     rank, _ = get_dist_info()
     results, plan = _open_results(cfg, protocol, layout, opts, source, stored_set,
-                                  evaluators.backends)
-    queue = MetricQueue(runner, results, opts.metric_queue, layout.predictions, evaluators,
+                                  evaluators.backends, use_saved=not writes_files)
+    queue = MetricQueue(runner, results, depth, layout.predictions, evaluators,
                         _stats_targets(cfg, results, layout, source, opts.per_image,
                                        opts.shift_roots),
                         evaluators.backends, cfg.get('default_scope'), imports, RANK0_POLL_S
@@ -274,7 +292,9 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
         for cell, path in plan.saved.items():  # NOTE: rank 0's plan, broadcast to every rank
             rank0_until_done(queue.resume_saved(cell, path) if queue else None)
         loading = _infer_cells(runner, cfg, plan, opts, source, evaluators, writes_files,
-                                   queue, progress_bar)
+                               queue, progress_bar)
+        if depth != opts.metric_queue and plan.infer:
+            loading['metric_queue'] = f'0, not {opts.metric_queue} ({writes_files})'
         rank0_until_done(queue.drain() if queue else None)
     except BaseException:
         if queue is not None:
@@ -353,7 +373,9 @@ def _infer_cells(runner, cfg: Config, plan: Plan, opts: RobustnessOptions, sourc
     for cell, parts, loop_metrics, dataset_meta, timing in inference or ():
         rank0_until_done(queue.finish(cell, parts, loop_metrics, dataset_meta, timing)
                           if queue is not None else None)
-    return {'loader': loader_kind, **loading}
+    # NOTE: what this run did only: a rerun that inferred no corruption cell keeps the loader
+    # the inferring run recorded
+    return {'loader': loader_kind, **loading} if corrupted else loading
 
 
 def _finish_results(results: RobustnessResults, plan: Plan, loading: Dict[str, str],
@@ -366,6 +388,11 @@ def _finish_results(results: RobustnessResults, plan: Plan, loading: Dict[str, s
     results.data.update(loading)
     if all(results.done(c, s) for c, s in planned_cells(results.identity)):
         results.data.pop('partial', None)  # NOTE: a partial merge, completed by this run
+    if not plan.infer and not plan.saved:  # NOTE: nothing left to do: the file keeps the time
+        results.save()  # of the run that did the work
+        print_log('every planned cell was recorded already: nothing inferred or computed',
+                  logger='current')
+        return
     summary = _time_summary(results, plan, wall)
     results.data['time'] = summary
     results.save()

@@ -18,11 +18,34 @@ import numpy as np
 from .errors import MMRobustError
 
 __all__ = ['TMP_MARK', 'atomic_write', 'atomic_json', 'atomic_bytes', 'atomic_image',
-           'save_figure', 'ResultsStore', 'ResultsMismatchError', 'FileLockedError',
+           'save_figure', 'ResultsStore', 'ResultsMismatchError', 'ResultsFileError',
+           'FileLockedError',
            'exclusive_lock']
 
 #: Marks the temporary files of :func:`atomic_write` (``<name>.mmrobust-tmp-<pid>``).
 TMP_MARK = '.mmrobust-tmp-'
+
+#: The descriptors of the locks this process holds (:func:`exclusive_lock`).
+_HELD_LOCKS: set = set()
+
+
+def _forget_locks_in_child() -> None:
+    """In a forked child: close the descriptors of the parent's locks.
+
+    An ``flock`` belongs to the open file description, which a fork shares: a child keeping the
+    descriptor keeps the lock, so a dataloader worker that outlives a killed run (blocked writing
+    to its pipe) would refuse every resume. Closing (never ``LOCK_UN``, which would release the
+    parent's lock too) drops the child's share only.
+    """
+    for fd in list(_HELD_LOCKS):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_locks_in_child)
 
 PathLike = Union[str, 'os.PathLike[str]']
 
@@ -120,7 +143,9 @@ def exclusive_lock(path: PathLike, wait: bool = False,
     """Hold an exclusive lock on ``path`` for the with-block (for a job that writes it).
 
     The lock is an ``flock`` on ``<path>.lock``, which records who holds it; the OS releases
-    it when the holder exits, however it exits, so a killed job leaves no stale lock. On release
+    it when the holder exits, however it exits, so a killed job leaves no stale lock. Forked
+    children (dataloader workers) close their copy of its descriptor at once, so only this
+    process holds it. On release
     the lock file is removed if it is still the one this job locked.
 
     ``flock`` is node-local on some cluster file systems (two nodes can both hold it): a lock
@@ -142,11 +167,13 @@ def exclusive_lock(path: PathLike, wait: bool = False,
     os.makedirs(osp.dirname(osp.abspath(lock_path)), exist_ok=True)
     while True:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        _HELD_LOCKS.add(fd)  # NOTE: before the lock: no child forked meanwhile may keep it
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _holder(lock_path)
             if not wait:
+                _HELD_LOCKS.discard(fd)
                 os.close(fd)
                 raise FileLockedError(
                     f'{os.fspath(path)} is being written by {holder}. Wait for that run (or '
@@ -160,6 +187,7 @@ def exclusive_lock(path: PathLike, wait: bool = False,
             same = False
         if same:
             break
+        _HELD_LOCKS.discard(fd)
         os.close(fd)
     host = socket.gethostname()
     previous = _holder_info(fd)
@@ -181,11 +209,16 @@ def exclusive_lock(path: PathLike, wait: bool = False,
                 os.unlink(lock_path)
         except OSError:
             pass
+        _HELD_LOCKS.discard(fd)
         os.close(fd)
 
 
 class ResultsMismatchError(MMRobustError, RuntimeError):
     """A results file was written by another evaluation (config, checkpoint, protocol, ...)."""
+
+
+class ResultsFileError(MMRobustError, ValueError):
+    """An existing results file that cannot be read (truncated, not JSON, not an object)."""
 
 
 class ResultsStore:
@@ -215,8 +248,17 @@ class ResultsStore:
         keys = list(identity) if identity_keys is None else list(identity_keys)
         self.data: Dict[str, Any] = {**self._wrap(identity), entries_key: {}}
         if osp.exists(path):
-            with open(path) as f:
-                old = json.load(f)
+            try:
+                with open(path) as f:
+                    old = json.load(f)
+            except (ValueError, UnicodeDecodeError) as err:
+                raise ResultsFileError(
+                    f'{path} cannot be resumed: it is not JSON ({err}), a truncated or foreign '
+                    f'file. Move it aside to keep it, then {fix}.') from None
+            if not isinstance(old, dict):
+                raise ResultsFileError(
+                    f'{path} cannot be resumed: it holds a JSON {type(old).__name__}, not the '
+                    f'object a results file is. Move it aside to keep it, then {fix}.')
             old_identity = (old.get(identity_key) or {}) if identity_key else old
             diff = [k for k in keys if old_identity.get(k) != identity.get(k)]
             if diff:
