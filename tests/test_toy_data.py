@@ -140,3 +140,15 @@ def test_mmdet_and_mmseg_datasets_load_the_toy_data(toy_data, in_repo):
                                               seg_map_path='gtFine/val'), pipeline=[])
     assert len(city) == 8
     assert Path(city[0]['seg_map_path']).is_file()
+    # mmdet's Cityscapes instance layout: its instances, as the instanceIds maps hold them
+    from mmdet.datasets import CityscapesDataset as DetCityscapes
+    det = DetCityscapes(data_root='data/toy_cityscapes/', test_mode=True, pipeline=[],
+                        ann_file='annotations/instancesonly_filtered_gtFine_val.json',
+                        data_prefix=dict(img='leftImg8bit/val/'))
+    assert len(det) == 8
+    sample = det[0]
+    ids = cv2.imread(sample['img_path'].replace('leftImg8bit', 'gtFine').replace(
+        'gtFine.png', 'gtFine_instanceIds.png'), cv2.IMREAD_UNCHANGED)
+    assert len(sample['instances']) == len(np.unique(ids[ids >= 1000])) > 0
+    assert {det.metainfo['classes'][i['bbox_label']] for i in sample['instances']} <= \
+        {'person', 'car', 'truck', 'bus'}

@@ -309,13 +309,39 @@ def _instance_ids(ids: np.ndarray) -> np.ndarray:
     return out
 
 
+#: Cityscapes' classes with instances, as mmdet's ``CityscapesDataset`` names them, and their ids.
+CITYSCAPES_THINGS = (('person', 24), ('rider', 25), ('car', 26), ('truck', 27), ('bus', 28),
+                     ('train', 31), ('motorcycle', 32), ('bicycle', 33))
+
+
+def _instance_annotations(instances: np.ndarray, image_id: int, next_id: int) -> List[dict]:
+    """COCO annotations (polygons) of an ``instanceIds`` map's instances.
+
+    As cityscapesscripts' COCO conversion gives them, which mmdet's Cityscapes configs read.
+    """
+    anns = []
+    for value in np.unique(instances[instances >= 1000]):
+        mask = (instances == value).astype(np.uint8)
+        contours, _ = cv2.findContours(mask, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+        polygons = [c.reshape(-1).astype(float).tolist() for c in contours if len(c) >= 3]
+        if not polygons:
+            continue
+        x, y, w, h = cv2.boundingRect(mask)
+        anns.append({'id': next_id + len(anns), 'image_id': image_id,
+                     'category_id': int(value) // 1000, 'segmentation': polygons,
+                     'area': float(mask.sum()), 'bbox': [x, y, w, h], 'iscrowd': 0})
+    return anns
+
+
 def make_toy_cityscapes(root: str, seed: int = 0, num_train: int = 32,
                         num_val: int = 8) -> Dict[str, int]:
     """Write a toy Cityscapes-layout semantic segmentation dataset (512x256) to ``root``.
 
     Layout: ``leftImg8bit/{train,val}/<city>/<city>_<seq>_<frame>_leftImg8bit.png`` and
     ``gtFine/{split}/<city>/..._gtFine_labelTrainIds.png`` (+ ``_gtFine_labelIds.png`` and
-    ``_gtFine_instanceIds.png``, which cityscapesscripts' evaluation reads).
+    ``_gtFine_instanceIds.png``, which cityscapesscripts' evaluation reads), and the instances
+    of the classes that have them as COCO annotations in
+    ``annotations/instancesonly_filtered_gtFine_{split}.json`` (mmdet's Cityscapes layout).
 
     Returns:
         Number of images per split.
@@ -324,7 +350,9 @@ def make_toy_cityscapes(root: str, seed: int = 0, num_train: int = 32,
     lut = np.zeros(256, np.uint8)
     lut[:len(_TRAIN_ID_TO_ID)] = _TRAIN_ID_TO_ID
     counts = {}
+    categories = [{'id': i, 'name': name} for name, i in CITYSCAPES_THINGS]
     for split, num in (('train', num_train), ('val', num_val)):
+        images, annotations = [], []
         for i in range(num):
             img, label = _toy_cityscapes_image(_rng(seed, split, i))
             city = cities[split][i % len(cities[split])]
@@ -333,8 +361,13 @@ def make_toy_cityscapes(root: str, seed: int = 0, num_train: int = 32,
             gt_dir = osp.join(root, 'gtFine', split, city)
             _write_image(osp.join(gt_dir, f'{stem}_gtFine_labelTrainIds.png'), label)
             _write_image(osp.join(gt_dir, f'{stem}_gtFine_labelIds.png'), lut[label])
-            _write_image(osp.join(gt_dir, f'{stem}_gtFine_instanceIds.png'),
-                         _instance_ids(lut[label]))
+            instances = _instance_ids(lut[label])
+            _write_image(osp.join(gt_dir, f'{stem}_gtFine_instanceIds.png'), instances)
+            images.append({'id': i, 'file_name': f'{city}/{stem}_leftImg8bit.png',
+                           'height': img.shape[0], 'width': img.shape[1]})
+            annotations += _instance_annotations(instances, i, len(annotations) + 1)
+        _write_json(osp.join(root, 'annotations', f'instancesonly_filtered_gtFine_{split}.json'),
+                    {'images': images, 'annotations': annotations, 'categories': categories})
         counts[f'{split}_images'] = num
     return counts
 
@@ -493,7 +526,7 @@ _MARKER = '.mmrobust_toy.json'
 
 
 #: What a toy set's generator writes, by version: a copy of an older one is generated again.
-_VERSIONS = {'toy_cityscapes': 2}  # 2: instanceIds
+_VERSIONS = {'toy_cityscapes': 2}  # 2: instanceIds and the instances' COCO annotations
 
 
 def generate_toy_dataset(name: str, root: str, seed: int = 0,

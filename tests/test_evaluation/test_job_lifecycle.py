@@ -269,6 +269,61 @@ def test_mmsegs_cityscapes_metric_reads_its_files_with_the_default_queue(toy_dat
     assert logged == pytest.approx(score, abs=6e-5)
 
 
+def _mask_rcnn_on_toy_cityscapes(tmp_path: Path) -> Path:
+    """The toy Mask R-CNN with mmdet's Cityscapes instance data and metrics (its own configs')."""
+    config = tmp_path / 'mask_rcnn_cityscapes.py'
+    root = 'data/toy_cityscapes/'
+    config.write_text(textwrap.dedent(f'''
+        _base_ = ['{REPO / MASK_RCNN}']
+        model = dict(roi_head=dict(bbox_head=dict(num_classes=8), mask_head=dict(num_classes=8)))
+        test_dataloader = dict(dataset=dict(
+            _delete_=True, type='CityscapesDataset', data_root='{root}', test_mode=True,
+            ann_file='annotations/instancesonly_filtered_gtFine_val.json',
+            data_prefix=dict(img='leftImg8bit/val/'),
+            pipeline=[
+                dict(type='LoadImageFromFile'),
+                dict(type='Resize', scale=(512, 256), keep_ratio=True),
+                dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
+                dict(type='PackDetInputs', meta_keys=('img_id', 'img_path', 'ori_shape',
+                                                      'img_shape', 'scale_factor'))]))
+        test_evaluator = [
+            dict(type='CocoMetric', metric=['bbox', 'segm'],
+                 ann_file='{root}annotations/instancesonly_filtered_gtFine_val.json'),
+            dict(type='CityScapesMetric', seg_prefix='{root}gtFine/val',
+                 outfile_prefix='{tmp_path / "cityscapes_metric"}')]
+        '''))
+    return config
+
+
+@pytest.mark.slow
+def test_mmdets_cityscapes_metric_keeps_its_files_with_the_default_queue(toy_data, tmp_path):
+    """mmdet's CityScapesMetric (empties its folder when built) gives test.py's numbers."""
+    import re
+    config = _mask_rcnn_on_toy_cityscapes(tmp_path)
+    ckpt = _init_checkpoint(str(config), tmp_path / 'mask.pth')
+    options = ['--cfg-options', 'test_dataloader.num_workers=1',
+               'test_dataloader.persistent_workers=False', 'test_dataloader.dataset.indices=3']
+    cells = {}
+    for queue in ('2', '0'):
+        results = tmp_path / f'q{queue}.json'
+        run_tool('test_robustness.py', config, ckpt, '--corruptions', 'fog', '--severities', '2',
+                 '--results', results, '--metric-queue', queue, '--work-dir',
+                 tmp_path / f'w{queue}', *options)
+        cells[queue] = _cells(results)
+    assert cells['2'] == cells['0']
+    clean = cells['2']['clean']['0']
+    assert 'cityscapes/mAP' in clean and 'coco/bbox_mAP' in clean
+    # NOTE: an untrained detector scores 0; what is checked is that each cell's metric read the
+    # files it wrote (mmdet's own rerun of the worker would have emptied the folder first)
+    written = sorted(p.name for p in (tmp_path / 'cityscapes_metric_fog_2' / 'results').glob(
+        '*_pred.txt'))
+    assert len(written) == 3, written
+    plain = run_tool('test.py', config, ckpt, '--work-dir', tmp_path / 'plain', *options)
+    for key in ('cityscapes/mAP', 'coco/bbox_mAP', 'coco/segm_mAP'):
+        logged = float(re.findall(re.escape(key) + r': ([0-9.]+)', plain.stdout + plain.stderr)[-1])
+        assert logged == pytest.approx(clean[key], abs=6e-5), key
+
+
 def test_file_writing_metrics_are_known_by_scoped_names_too():
     from mmrobust.evaluation.cell_evaluators import side_file_metrics
     for kind in ('CityscapesMetric', 'mmseg.CityscapesMetric', 'mmdet.CityScapesMetric'):
