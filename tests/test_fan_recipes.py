@@ -42,6 +42,8 @@ def test_cascade_configs_carry_fans_recipe(variant):
     # the backbone and its ImageNet weights (FAN-L: the released 22K-then-1K checkpoint)
     assert cfg.model.backbone.type == 'FANHybrid' and cfg.model.backbone.out_type == 'det'
     assert cfg.model.backbone.init_cfg.checkpoint == f'checkpoints/{PRETRAINED[variant]}'
+    # FAN's detection backbones hard-code stochastic depth 0.3 (detection/models/fan.py)
+    assert cfg.model.backbone.drop_path_rate == 0.3
     # DETR-style augmentation: multi-scale resize, or resize + absolute-range crop + resize
     pipeline = cfg.train_dataloader.dataset.pipeline
     kinds = [step['type'] for step in pipeline]
@@ -69,6 +71,17 @@ def test_cascade_configs_carry_fans_recipe(variant):
     warmup, steps = cfg.param_scheduler
     assert (warmup.type, warmup.by_epoch, warmup.end) == ('LinearLR', False, 500)
     assert (steps.type, steps.milestones, steps.end) == ('MultiStepLR', [27, 33], 36)
+
+
+@pytest.mark.parametrize('variant', CASCADES)
+def test_cityscapes_segformers_use_fans_segmentation_backbones_stochastic_depth(variant):
+    """FAN's segmentation backbones use no stochastic depth (no config of FAN's sets it)."""
+    cfg = Config.fromfile(str(REPO / f'configs/fan/segformer_fan-{variant}-hybrid_8xb1-160k_'
+                                     'cityscapes-1024x1024.py'))
+    assert cfg.model.backbone.type == 'FANHybrid' and cfg.model.backbone.out_type == 'seg'
+    assert cfg.model.backbone.drop_path_rate == 0.0
+    assert cfg.model.backbone.arch == {'t': 'tiny', 's': 'small', 'b': 'base', 'l': 'large'}[
+        variant]
 
 
 @pytest.mark.slow

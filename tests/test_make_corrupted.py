@@ -225,6 +225,24 @@ def test_corrupt_transform_in_test_pipelines(toy_data, in_repo, scope):
         4, Path(meta['img_path']).name, 'snow', 3), channel_order='rgb'))
 
 
+def test_corrupt_built_by_mmdets_name_says_once_that_its_colour_handling_is_not_mmdets(
+        monkeypatch):
+    import mmengine.logging
+    from mmdet.registry import TRANSFORMS
+
+    from mmrobust.datasets import transforms
+    logged = []
+    monkeypatch.setattr(mmengine.logging, 'print_log', lambda msg, **kw: logged.append(msg)
+                        if kw.get('level', 20) >= 30 else None)  # NOTE: not the registry's
+    monkeypatch.setattr(transforms, '_TOLD', [])
+    TRANSFORMS.build(dict(type='Corrupt', corruption='fog', severity=1, bgr_compat=False))
+    assert logged == []  # chosen explicitly: nothing to say
+    for _ in range(2):  # as mmdet's own test_robustness.py builds it: said once
+        assert TRANSFORMS.build(dict(type='Corrupt', corruption='fog', severity=1)).bgr_compat \
+            is False
+    assert len(logged) == 1 and 'bgr_compat=True' in logged[0] and "mmdet's own" in logged[0]
+
+
 def test_corrupt_transform_errors():
     from mmdet.registry import TRANSFORMS
     with pytest.raises(KeyError, match='Valid corruptions'):

@@ -289,16 +289,48 @@ def test_tool_prints_and_filters_the_zoo():
 def test_fans_cityscapes_c_targets_belong_to_fans_own_protocol():
     """FAN's City-C figures are attached to the protocol of its test_city_c.py.
 
-    19 corruptions at severities 1-5, its grouping. Not to SegFormer's 16-corruption cityscapes_c.
+    19 corruptions at severities 1-3 (its HEAD, b7ced45; the first release ran 1-5), its grouping
+    (noise 4, blur 4, digital 4, weather 5 with brightness, zoom blur and elastic transform as
+    ``extra``). Not to SegFormer's 16-corruption cityscapes_c.
     """
-    from mmrobust.corruptions import PROTOCOLS, PUBLISHED_SETUPS
+    from collections import Counter
+
+    from mmrobust.corruptions import CORRUPTIONS, PROTOCOLS, PUBLISHED_SETUPS
     city = [e for e in ENTRIES if any(d == 'Cityscapes-C' for d, _, _ in e.published())]
     assert city and all(e.metadata['Robustness Protocol'] == 'fan_city_c' for e in city)
     fan = PROTOCOLS['fan_city_c']
-    assert len(fan.corruptions) == 19 and set(fan.cells()) == set(PROTOCOLS['all'].cells())
-    assert [fan.category(c) for c in ('elastic_transform', 'brightness', 'pixelate')] == [
-        'blur', 'weather', 'digital']
-    assert PUBLISHED_SETUPS['fan_city_c'].bgr_compat
+    assert set(fan.corruptions) == set(CORRUPTIONS)
+    assert set(fan.cells()) == {(c, s) for c in CORRUPTIONS for s in (1, 2, 3)}
+    groups = {c: fan.category(c) for c in fan.corruptions}
+    assert Counter(groups.values()) == {'noise': 4, 'blur': 4, 'digital': 4, 'weather': 5,
+                                        'extra': 2}
+    assert [groups[c] for c in ('zoom_blur', 'elastic_transform', 'brightness', 'pixelate')] == [
+        'extra', 'extra', 'weather', 'digital']
+    setup = PUBLISHED_SETUPS['fan_city_c']
+    assert setup.bgr_compat and '*.jpg' in setup.origin and 'an inference' in setup.origin
+
+
+def test_fans_coco_c_groups_four_per_category():
+    """``dist_test_coco_c.sh`` lists brightness with contrast, saturate and JPEG."""
+    from collections import Counter
+
+    from mmrobust.corruptions import PROTOCOLS
+    fan = PROTOCOLS['fan_coco_c']
+    assert Counter(fan.category(c) for c in fan.corruptions) == {
+        'noise': 4, 'blur': 4, 'weather': 4, 'digital': 4}
+    assert fan.category('brightness') == 'digital'
+
+
+def test_fan_city_cs_extra_corruptions_are_their_own_group_in_the_summary():
+    from mmrobust.corruptions import PROTOCOLS
+    from mmrobust.evaluation import robustness_summary
+    fan = PROTOCOLS['fan_city_c']
+    cells = {'clean': {0: {'mIoU': 80.0}}}
+    for c, s in fan.cells():
+        cells.setdefault(c, {})[s] = {'mIoU': 40.0 if fan.category(c) == 'extra' else 60.0}
+    per_category = robustness_summary(cells, fan)['metrics']['mIoU']['per_category']
+    assert per_category == {'noise': 60.0, 'blur': 60.0, 'weather': 60.0, 'digital': 60.0,
+                            'extra': 40.0}
 
 
 def test_published_numbers_say_how_they_were_measured_and_on_what_backbone():
@@ -330,3 +362,22 @@ def test_published_numbers_say_how_they_were_measured_and_on_what_backbone():
     assert 'published with' not in rows['cascade-mask-rcnn_fan-b-hybrid_fpn_ms-3x_coco']
     assert ('COCO-C box mPC 17.89 (benchmark, BGR colour order, corrupted on the fly)'
             in rows['efficientdet-lite0_dat_8xb16-300e_coco'])
+
+
+def test_fans_city_c_targets_are_compared_with_a_run_at_severities_1_to_3():
+    """A complete fan_city_c run (19 corruptions x severities 1-3) is compared with FAN's 66.4."""
+    from mmrobust.corruptions import PUBLISHED_SETUPS, get_protocol
+    config = 'configs/fan/segformer_fan-s-hybrid_8xb1-160k_cityscapes-1024x1024.py'
+    protocol = get_protocol('fan_city_c')
+    setup = PUBLISHED_SETUPS['fan_city_c']
+    cells = {'clean': {'0': {'mIoU': 80.0}}}
+    for c, s in protocol.cells():
+        cells.setdefault(c, {})[str(s)] = {'mIoU': 60.0}
+    results = {'config': config, 'protocol': 'fan_city_c', 'cells': cells,
+               'cells_planned': {c: list(s) for c, s in protocol.severities.items()},
+               'bgr_compat': setup.bgr_compat, 'source': setup.source,
+               'stored_set': {'lossless': True, 'jpeg_quality': None}}
+    _, lines = check_results(results, ENTRIES)
+    assert len(protocol.cells()) == 57
+    assert lines == ['Cityscapes mIoU: P_clean 80.0 vs published 81.5',
+                     'Cityscapes-C mIoU mPC: mPC 60.0 vs published 66.4'], lines

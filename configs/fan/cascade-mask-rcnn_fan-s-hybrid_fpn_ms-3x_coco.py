@@ -9,6 +9,7 @@
 #   channel-attention temperatures), 1 image per GPU on 32 GPUs (FAN's 4-node command:
 #   `auto_scale_lr` scales the lr to another GPU count with --auto-scale-lr), 36 epochs with the
 #   lr divided by 10 after epochs 27 and 33, a linear warm-up over 500 iterations;
+# - stochastic depth 0.3 (FAN's detection backbones hard-code it);
 # - fp16: train with --amp (FAN trained with apex's fp16).
 _base_ = [
     'mmdet::_base_/models/cascade-mask-rcnn_r50_fpn.py',
@@ -40,7 +41,7 @@ def _box_head(target_stds):
 
 
 model = dict(
-    backbone={{_base_.fan_det_backbone}},
+    backbone={{_base_.fan_paper_det_backbone}},  # FAN's drop_path_rate 0.3
     neck=dict(in_channels={{_base_.fan_det_channels}}),
     roi_head=dict(bbox_head=[
         _box_head([0.1, 0.1, 0.2, 0.2]),

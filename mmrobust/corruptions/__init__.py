@@ -9,6 +9,7 @@ from .protocols import (
     CATEGORIES,
     CORRUPTIONS,
     HELD_OUT_CORRUPTIONS,
+    PROTOCOL_CATEGORIES,
     PROTOCOLS,
     PUBLISHED_SETUPS,
     SEVERITIES,
@@ -23,7 +24,8 @@ from .protocols import (
 )
 
 __all__ = ['MIN_SIZE', 'corrupt', 'derive_seed', 'BENCHMARK_CORRUPTIONS', 'CATEGORIES',
-           'CORRUPTIONS', 'HELD_OUT_CORRUPTIONS', 'PROTOCOLS', 'PUBLISHED_SETUPS', 'SEVERITIES',
+           'CORRUPTIONS', 'HELD_OUT_CORRUPTIONS', 'PROTOCOL_CATEGORIES', 'PROTOCOLS',
+           'PUBLISHED_SETUPS', 'SEVERITIES',
            'CorruptionInfo', 'PublishedSetup',
            'Protocol', 'UnknownCorruptionError', 'corruptions_in', 'get_corruption',
            'get_protocol', 'resolve_protocol']

@@ -9,7 +9,7 @@ protocol                  corruptions                                       seve
 ``benchmark`` (COCO-C)    the 15 of ImageNet-C                              1–5
 ``cityscapes_c``          the 19 minus zoom, elastic, pixelate (SegFormer)  noise 1–3, else 1–5
 ``fan_coco_c``            FAN's 16 (4 per category)                         1–5
-``fan_city_c``            FAN's Cityscapes-C script: all 19                 1–5
+``fan_city_c``            FAN's Cityscapes-C script: all 19                 1–3
 ``all``                   all 19                                            1–5
 ========================  ================================================  ===========
 """
@@ -20,6 +20,9 @@ from ..utils.errors import UnknownNameError, UsageError
 from . import functional as F
 
 CATEGORIES = ('noise', 'blur', 'weather', 'digital')
+#: What a protocol's source may file a corruption under: ImageNet-C's categories, or none of them
+#: (FAN's Cityscapes-C script lists zoom blur and elastic transform as ``extra``).
+PROTOCOL_CATEGORIES = CATEGORIES + ('extra', )
 #: the protocol of a tool run that names none
 DEFAULT_PROTOCOL = 'benchmark'
 SEVERITIES = (1, 2, 3, 4, 5)
@@ -124,12 +127,13 @@ class Protocol:
 
 def _protocol(name: str, description: str, corruptions: Iterable[str],
               low_severity_noise: bool = False,
-              categories: Optional[Mapping[str, str]] = None) -> Protocol:
-    severities = {}
+              categories: Optional[Mapping[str, str]] = None,
+              severities: Sequence[int] = SEVERITIES) -> Protocol:
+    table = {}
     for c in corruptions:
         noise = CORRUPTIONS[c].category == 'noise'
-        severities[c] = (1, 2, 3) if (low_severity_noise and noise) else SEVERITIES
-    return Protocol(name, description, severities, dict(categories or {}))
+        table[c] = (1, 2, 3) if (low_severity_noise and noise) else tuple(severities)
+    return Protocol(name, description, table, dict(categories or {}))
 
 
 PROTOCOLS: Dict[str, Protocol] = {
@@ -147,15 +151,24 @@ PROTOCOLS: Dict[str, Protocol] = {
                   ['gaussian_noise', 'shot_noise', 'impulse_noise', 'speckle_noise',
                    'defocus_blur', 'motion_blur', 'gaussian_blur', 'glass_blur',
                    'snow', 'frost', 'fog', 'spatter',
-                   'brightness', 'contrast', 'saturate', 'jpeg_compression']),
-        _protocol('fan_city_c', "FAN's Cityscapes-C (NVlabs/FAN segmentation/tools/test_city_c.py):"
-                  ' all 19 corruptions at severities 1-5, each averaged over its severities',
-                  ['gaussian_noise', 'shot_noise', 'impulse_noise', 'speckle_noise',
-                   'defocus_blur', 'glass_blur', 'motion_blur', 'zoom_blur', 'gaussian_blur',
-                   'elastic_transform', 'contrast', 'pixelate', 'jpeg_compression', 'saturate',
-                   'snow', 'frost', 'fog', 'brightness', 'spatter'],
-                  # NOTE: the script's groups: elastic under blur, brightness under weather
-                  categories={'elastic_transform': 'blur'}),
+                   'brightness', 'contrast', 'saturate', 'jpeg_compression'],
+                  # NOTE: NVlabs/FAN detection/tools/dist_test_coco_c.sh lists them 4 per line:
+                  # brightness with contrast, saturate and JPEG
+                  categories={'brightness': 'digital'}),
+        _protocol('fan_city_c', "FAN's Cityscapes-C (NVlabs/FAN segmentation/tools/test_city_c.py "
+                  'at b7ced45, its HEAD): all 19 corruptions at severities 1-3, each averaged '
+                  'over its severities',
+                  ['gaussian_noise', 'shot_noise', 'speckle_noise', 'impulse_noise',
+                   'zoom_blur', 'elastic_transform',
+                   'gaussian_blur', 'motion_blur', 'glass_blur', 'defocus_blur',
+                   'contrast', 'jpeg_compression', 'saturate', 'pixelate',
+                   'snow', 'fog', 'frost', 'spatter', 'brightness'],
+                  # NOTE: the script's groups and order: noise 4, extra (zoom blur, elastic
+                  # transform; no category), blur 4, digital 4, weather 5 with brightness.
+                  # Its first release (6467085, May 2022) ran severities 1-5; b7ced45 (June
+                  # 2022, "Update test_city_c.py") changed the range to 1-3
+                  categories={'zoom_blur': 'extra', 'elastic_transform': 'extra'},
+                  severities=(1, 2, 3)),
         _protocol('all', 'All 19 corruptions at severities 1-5', CORRUPTIONS),
     )
 }
@@ -182,8 +195,11 @@ PUBLISHED_SETUPS: Dict[str, PublishedSetup] = {
         'tools/make_corrupted.py SRC OUT --protocol fan_coco_c --bgr-compat --jpeg-quality 95, '
         'then tools/test_robustness.py --protocol fan_coco_c --corrupted-root OUT'),
     'fan_city_c': PublishedSetup(
-        True, 'stored', None, "FAN's gen_city_c.py: imagecorruptions on mmcv's BGR read, stored "
-        'as PNG', 'tools/make_corrupted.py SRC OUT --protocol fan_city_c --bgr-compat '
+        True, 'stored', None, "FAN's gen_city_c.py: imagecorruptions on mmcv's BGR read. As "
+        'released it reads and writes *.jpg (OpenCV JPEG, quality 95), which finds no '
+        "Cityscapes image (PNG): it must have been edited to run, and PNG in, PNG out (lossless) "
+        'is an inference, not what its code does',
+        'tools/make_corrupted.py SRC OUT --protocol fan_city_c --bgr-compat '
         '(PNG stays PNG), then tools/test_robustness.py --protocol fan_city_c '
         '--corrupted-root OUT'),
 }

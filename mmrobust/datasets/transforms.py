@@ -10,6 +10,21 @@ from ..corruptions import SEVERITIES, corrupt, derive_seed, get_corruption
 from ..registry import TRANSFORMS
 from ..utils.errors import ConfigError
 
+_TOLD: list = []
+
+
+def _say_replaced_once() -> None:
+    """Log, once per process, that ``Corrupt`` is mmrobust's, not mmdet's colour handling."""
+    if _TOLD:
+        return
+    _TOLD.append(True)
+    from mmengine.logging import print_log
+    print_log("Corrupt is mmrobust's (`import mmrobust` registers it over mmdet's): it corrupts "
+              "the image in its real colour order, while mmdet's own Corrupt, behind mmdet's "
+              "published COCO-C numbers, treated mmcv's BGR array as RGB. Pass "
+              'bgr_compat=True (tools/test_robustness.py --bgr-compat) to corrupt as mmdet '
+              'did, or bgr_compat=False to say that this is meant.', logger='current', level=30)
+
 
 # NOTE: mmdet ships a `Corrupt` (imagecorruptions, unseeded, crashes on current scikit-image for
 # glass/gaussian blur). This one takes the same arguments and replaces it in the mmdet scope, so
@@ -31,11 +46,12 @@ class Corrupt(BaseTransform):
         channel_order: colour order of ``results['img']``: ``'bgr'`` for mmcv's loaders
             (default), ``'rgb'`` for loaders configured with ``channel_order='rgb'``.
         bgr_compat: corrupt the array as if it were RGB whatever its order, which reproduces
-            mmdet's historical (BGR) COCO-C numbers.
+            mmdet's historical (BGR) COCO-C numbers. Not given: False, and the log says once
+            that this is not mmdet's colour handling.
     """
 
     def __init__(self, corruption: str, severity: int = 1, seed: int = 0,
-                 channel_order: str = 'bgr', bgr_compat: bool = False) -> None:
+                 channel_order: str = 'bgr', bgr_compat: Optional[bool] = None) -> None:
         self.corruption = get_corruption(corruption).name
         if severity not in SEVERITIES:
             raise ValueError(f'Corrupt: severity must be in 1..5, got {severity!r}.')
@@ -45,6 +61,8 @@ class Corrupt(BaseTransform):
         self.severity = int(severity)
         self.seed = int(seed)
         self.channel_order = channel_order
+        if bgr_compat is None:  # NOTE: e.g. mmdet's own test_robustness.py, which builds it by
+            _say_replaced_once()  # mmdet's name and arguments
         self.bgr_compat = bool(bgr_compat)
 
     @staticmethod

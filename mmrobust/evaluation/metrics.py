@@ -8,7 +8,7 @@ corruption weighs the same whatever its number of severities.
 """
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..corruptions import CATEGORIES, CORRUPTIONS, Protocol
+from ..corruptions import CORRUPTIONS, PROTOCOL_CATEGORIES, Protocol
 from .cells import CLEAN, is_corruption_cell
 
 __all__ = ['CLEAN', 'Cells', 'mean_over_corruptions', 'robustness_summary']
@@ -77,7 +77,8 @@ def robustness_summary(cells: Cells, protocol: Optional[Protocol] = None) -> Dic
                           for c in dict.fromkeys(c for c, _, _ in values)}
         per_category = {cat: _mean([v for c, v in per_corruption.items()
                                     if category(c) == cat])
-                        for cat in CATEGORIES if any(category(c) == cat for c in per_corruption)}
+                        for cat in PROTOCOL_CATEGORIES
+                        if any(category(c) == cat for c in per_corruption)}
         per_severity = {s: _mean([v for _, s2, v in values if s2 == s])
                         for s in sorted({s for _, s, _ in values})}
         metrics[name] = {

@@ -9,7 +9,7 @@ import os
 import os.path as osp
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..corruptions import CATEGORIES, CORRUPTIONS
+from ..corruptions import CORRUPTIONS, PROTOCOL_CATEGORIES
 from ..datasets.shift_sets import is_shift_cell
 from ..utils.io import atomic_write, save_figure
 from .report_stats import (
@@ -212,7 +212,7 @@ def summary_markdown(results_by_label: Mapping[str, Mapping],
             row = [_fmt(s['metrics'].get(name, {}).get('per_corruption', {}).get(c, float('nan')))
                    for s in summaries.values()]
             lines.append(f'| {c} | ' + ' | '.join(row) + ' |')
-        for cat in CATEGORIES:
+        for cat in PROTOCOL_CATEGORIES:
             values = [s['metrics'].get(name, {}).get('per_category', {}).get(cat, float('nan'))
                       for s in summaries.values()]
             if any(v == v for v in values):
