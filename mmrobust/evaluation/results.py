@@ -14,6 +14,7 @@ import pickle
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
 from typing_extensions import override
 
 from ..corruptions import CORRUPTIONS
@@ -322,6 +323,41 @@ def _scores(metrics: Mapping, where: str) -> Dict[str, float]:
     return scores
 
 
+#: A VOC-style cell's metrics, as mmdet 3.x's ``VOCMetric`` names AP at IoU 0.5.
+VOC_METRICS = ('pascal_voc/mAP', 'pascal_voc/AP50')
+
+
+def _is_voc_cell(metrics: Any) -> bool:
+    """mmdet 1.x's VOC-style cell (the COCO-C leaderboard's Pascal VOC pickles).
+
+    ``eval_map``'s per-class list, ``[{'ap': ...}, ...]``.
+    """
+    return isinstance(metrics, (list, tuple)) and bool(metrics) and all(
+        isinstance(c, Mapping) and 'ap' in c for c in metrics)
+
+
+def _voc_scores(aps: Sequence[float]) -> Dict[str, float]:
+    """A VOC-style cell's AP50: the mean of its classes' APs (as ``robustness_eval.py``)."""
+    mean = float(np.mean(np.asarray(aps, dtype=np.float32)))
+    return {name: mean for name in VOC_METRICS}
+
+
+def _voc_note(per_class: Mapping[Tuple[str, int], Sequence[float]],
+              averaged: Sequence[str]) -> str:
+    """Which rPC is printed, and mmdet's own (the mean of the per-class ratios)."""
+    clean = next((aps for (c, s), aps in per_class.items() if s == 0), None)
+    cells = [aps for (c, s), aps in per_class.items() if s > 0 and c in averaged]
+    mmdet = ''
+    if clean is not None and cells:  # NOTE: robustness_eval.py's float32 arithmetic
+        p = np.asarray(clean, dtype=np.float32)
+        mpc = np.mean(np.asarray(cells, dtype=np.float32), axis=0)
+        with np.errstate(divide='ignore', invalid='ignore'):
+            mmdet = f' = {float(np.mean(mpc / p)) * 100:.1f} %'
+    return ('VOC-style cells (mmdet 1.x, per-class AP): AP50 is the mean of the classes\' AP; '
+            'rPC here is mPC / P_clean (a ratio of means), mmdet\'s robustness_eval.py prints '
+            f'the mean of the per-class ratios{mmdet}')
+
+
 def _from_mmdet_pkl(data: Mapping, path: str = 'the file',
                     aggregate: str = 'benchmark') -> Dict:
     """mmdet's ``{corruption: {severity: metrics}}`` (severity 0 = clean) as mmrobust cells.
@@ -334,13 +370,19 @@ def _from_mmdet_pkl(data: Mapping, path: str = 'the file',
     if aggregate not in ('benchmark', 'all'):
         raise ValueError(f"aggregate is 'benchmark' or 'all', got {aggregate!r}")
     cells: Dict = {}
+    per_class: Dict = {}  # NOTE: VOC-style cells: (corruption, severity) -> the classes' APs
     for corruption, by_severity in data.items():
         for severity, metrics in by_severity.items():
-            if not isinstance(metrics, Mapping):
+            if _is_voc_cell(metrics):
+                per_class[corruption, int(severity)] = [float(c['ap']) for c in metrics]
+                scores = _voc_scores(per_class[corruption, int(severity)])
+            elif not isinstance(metrics, Mapping):
                 raise NotAResultsFileError(
                     f'{path}: {corruption} {severity} holds a {type(metrics).__name__}, not a '
-                    'dict of metrics: not a robustness results file')
-            scores = _scores(metrics, f'{path}: {corruption} {severity}')
+                    'dict of metrics (mmdet 3.x, COCO-style) nor a list of per-class dicts with '
+                    "'ap' (mmdet 1.x, VOC-style): not a robustness results file")
+            else:
+                scores = _scores(metrics, f'{path}: {corruption} {severity}')
             if int(severity) == 0:
                 cells.setdefault(CLEAN, {0: scores})
             elif corruption in CORRUPTIONS:
@@ -355,6 +397,8 @@ def _from_mmdet_pkl(data: Mapping, path: str = 'the file',
             + ('of the 15 benchmark ones (ImageNet-C, COCO-C)' if aggregate == 'benchmark'
                else 'present')
             + (f'; not averaged: {", ".join(left)}' if left else ''))
+    if per_class:
+        note += '; ' + _voc_note(per_class, averaged)
     return {'protocol': 'mmdet-results', 'cells': cells, 'source': 'mmdet test_robustness',
             'cells_planned': {c: sorted(cells[c]) for c in averaged}, 'aggregate': note}
 

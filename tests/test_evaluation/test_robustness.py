@@ -420,6 +420,44 @@ def test_leaderboard_results_pickle_averages_the_15_benchmark_corruptions(tmp_pa
     assert ce['mCE'] == pytest.approx(1.0)
 
 
+def test_voc_leaderboard_pickles_give_mmdets_p_and_mpc_and_say_which_rpc(tmp_path):
+    """The COCO-C leaderboard's Pascal VOC pickles (mmdet 1.x: per-class ``[{'ap': ...}] x 20``).
+
+    AP50 is the mean of the classes' AP; P and mPC equal robustness_eval.py's
+    ``get_voc_style_results`` (computed here as it does); the rPC printed is mPC / P, and the
+    note gives mmdet's mean of per-class ratios as well.
+    """
+    rng = np.random.default_rng(0)
+    names = list(CORRUPTIONS)
+    table = np.zeros((len(names), 6, 20), np.float32)  # robustness_eval.py's array
+    data = {}
+    clean = rng.uniform(0.5, 0.9, 20).astype(np.float32)
+    for i, corruption in enumerate(names):
+        data[corruption] = {}
+        for s in range(0 if i == 0 else 1, 6):  # NOTE: the clean set once, as mmdet 1.x ran it
+            aps = clean if s == 0 else (clean * rng.uniform(0.3, 0.9, 20)).astype(np.float32)
+            data[corruption][s] = [{'ap': np.float32(a)} for a in aps]
+            table[i, s] = aps
+    path = tmp_path / 'faster_rcnn_r50_fpn_1x_voc_results.pkl'
+    path.write_bytes(pickle.dumps(data, protocol=2))
+    results = load_results(str(path))
+    m = summarize(results)['metrics']['pascal_voc/AP50']
+    p_clean = table[0, 0]
+    mpc = np.mean(table[:15, 1:, :], axis=(0, 1))  # get_voc_style_results, 'benchmark'
+    assert m['P_clean'] == pytest.approx(float(np.mean(p_clean)), abs=1e-6)
+    assert m['mPC'] == pytest.approx(float(np.mean(mpc)), abs=1e-6)
+    assert m['rPC'] == pytest.approx(float(np.mean(mpc)) / float(np.mean(p_clean)), abs=1e-6)
+    assert f'{float(np.mean(mpc / p_clean)) * 100:.1f} %' in results['aggregate']
+    assert 'rPC here is mPC / P_clean' in results['aggregate']
+    table_md = summary_markdown({'voc': results})
+    assert 'mean of the per-class ratios' in table_md
+    # a list of something else is still refused, saying what each format holds
+    path.write_bytes(pickle.dumps({'fog': {1: [1, 2]}}, protocol=2))
+    from mmrobust.evaluation.results import NotAResultsFileError
+    with pytest.raises(NotAResultsFileError, match="per-class dicts with 'ap'"):
+        load_results(str(path))
+
+
 def test_a_reference_without_a_drop_is_warned_of():
     from mmrobust.evaluation.uncertainty import corruption_errors
     ref = {'clean': {0: {'mIoU': 0.5}}, 'fog': {1: {'mIoU': 0.5}, 2: {'mIoU': 0.4999}}}
