@@ -8,7 +8,10 @@ differences, seeds, CE / mCE, effective robustness), computed once; :mod:`.repor
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
+
 from ..corruptions import BENCHMARK_CORRUPTIONS, Protocol
+from ..datasets.shift_sets import SHIFT_MEANS
 from .metrics import robustness_summary
 from .results import corruption_cells
 from .worst_case import WORST
@@ -249,6 +252,12 @@ def _bootstrap_intervals(extras: Extras, entries: Sequence[Tuple[str, str, Mappi
                 if q in entry}
             extras.cell_intervals.setdefault(label, {})[name] = {
                 cell: interval(v, boot.confidence) for cell, v in entry['cells'].items()}
+            # NOTE: each shift set is resampled alone, so the mean of its sets' replicates is a
+            # replicate of the mean over sets (a stratified bootstrap)
+            for mean, (_, cells) in SHIFT_MEANS.items():
+                if all(c in entry['cells'] for c in cells):
+                    extras.cell_intervals[label][name][(mean, 0)] = interval(
+                        np.mean([entry['cells'][c] for c in cells], axis=0), boot.confidence)
         missing = [n for n in points[label]['metrics'] if n in reps[label]
                    and 'mPC' not in reps[label][n]]
         if missing:

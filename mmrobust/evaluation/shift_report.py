@@ -13,7 +13,7 @@ import os
 import os.path as osp
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
-from ..datasets.shift_sets import is_shift_cell, shift_label
+from ..datasets.shift_sets import SHIFT_MEANS, is_shift_cell, shift_label
 from ..utils.io import atomic_write, save_figure
 from .metrics import CLEAN
 
@@ -47,7 +47,38 @@ def shift_rows(results_by_label: Mapping[str, Mapping], metrics: Sequence[str],
                         metric, {}).get((name, int(level)))
                     rows.append((label, name, int(level), shift_label(name, level), metric,
                                  value, clean, value - clean, iv))
+        rows += _mean_rows(label, results, metrics, extras)
     return rows
+
+
+def _mean_rows(label: str, results: Mapping, metrics: Sequence[str],
+               extras: Optional[Any]) -> List[Row]:
+    """The means papers report over a family's sets (:data:`SHIFT_MEANS`), at level 0.
+
+    Where every one of their cells is there; the interval (``cell_intervals`` under
+    ``(name, 0)``) averages the sets' own replicates.
+    """
+    rows: List[Row] = []
+    for name, (what, cells) in SHIFT_MEANS.items():
+        for metric in metrics:
+            values = []
+            for cell, level in cells:
+                scores = (results['cells'].get(cell) or {}).get(str(level)) or \
+                    (results['cells'].get(cell) or {}).get(level) or {}
+                if isinstance(scores.get(metric), (int, float)):
+                    values.append(float(scores[metric]))
+            if len(values) != len(cells):
+                continue
+            value, clean = sum(values) / len(values), _clean(results, metric)
+            iv = None if extras is None else extras.cell_intervals.get(label, {}).get(
+                metric, {}).get((name, 0))
+            rows.append((label, name, 0, what, metric, value, clean, value - clean, iv))
+    return rows
+
+
+def _cell_name(name: str, level: int) -> str:
+    """``foggy_cityscapes 3``; a mean over sets by its name alone."""
+    return f'{name} {level}' if level else name
 
 
 def _fmt(value: float) -> str:
@@ -71,8 +102,8 @@ def shift_markdown(results_by_label: Mapping[str, Mapping], metrics: Sequence[st
     for label, name, level, what, metric, value, clean, drop, iv in rows:
         shown = _fmt(value) + (f' [{_fmt(iv[0])}, {_fmt(iv[1])}]' if iv and iv[0] == iv[0]
                                else '')
-        lines.append(f'| {label} | {name} {level} | {what} | {metric} | {shown} | {_fmt(clean)} '
-                     f'| {_fmt(drop)} |')
+        lines.append(f'| {label} | {_cell_name(name, level)} | {what} | {metric} | {shown} | '
+                     f'{_fmt(clean)} | {_fmt(drop)} |')
     return lines
 
 
@@ -130,7 +161,7 @@ def plot_shifts(results_by_label: Mapping[str, Mapping], out_dir: str,
                    capsize=3, label=label)
             clean = next(iter(mine.values()))[2]
             ax.axhline(clean, color=f'C{i}', linestyle='--', linewidth=1)
-        ax.set_xticks(xs, [f'{n} {lv}' for n, lv in cells], rotation=45, ha='right')
+        ax.set_xticks(xs, [_cell_name(n, lv) for n, lv in cells], rotation=45, ha='right')
         ax.set_ylabel(metric)
         ax.set_title(f'{metric} under real-world shift (dashed: clean)')
         ax.legend(fontsize=8)

@@ -186,4 +186,48 @@ def test_detector_with_coco_o_cells(toy_data, trained_toy_detector, tmp_path):
     assert data['cells']['clean']['0']['coco/bbox_mAP'] > 0
     assert 'Real-world shift' in proc.stdout and '| coco_o_sketch 1 | COCO-O sketch |' in \
         proc.stdout
+    headline = sum(data['cells'][d]['1']['coco/bbox_mAP'] for d in domains) / 6
+    assert f'| coco_o_mean | COCO-O, mean over its 6 domains (its headline) | coco/bbox_mAP | ' \
+           f'{headline:.3f}' in proc.stdout
     assert (results.parent / 'det_report' / 'shifts_coco_bbox_mAP.png').is_file()
+
+
+def test_coco_os_headline_is_the_mean_over_its_domains_with_the_mean_of_their_replicates(
+        monkeypatch):
+    """COCO-O reports mean AP over its six domains; the report adds it (and ACDC's mean).
+
+    Its interval averages the six sets' own replicates (each set resampled alone).
+    """
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from mmrobust.datasets.shift_sets import SHIFT_BUNDLES
+    from mmrobust.evaluation import report_stats, uncertainty
+    from mmrobust.evaluation.shift_report import shift_markdown, shift_rows
+    metric = 'coco/bbox_mAP'
+    domains = SHIFT_BUNDLES['coco_o']
+    cells = {'clean': {'0': {metric: 0.5}}}
+    for i, (name, level) in enumerate(domains):
+        cells[name] = {str(level): {metric: 0.1 * (i + 1)}}
+    results = {'cells': cells}
+    mean = [r for r in shift_rows({'m': results}, [metric]) if r[1] == 'coco_o_mean']
+    assert len(mean) == 1 and mean[0][3] == 'COCO-O, mean over its 6 domains (its headline)'
+    assert mean[0][5] == pytest.approx(0.35) and mean[0][7] == pytest.approx(0.35 - 0.5)
+    partial = {'cells': {k: v for k, v in cells.items() if k != domains[0][0]}}
+    assert not [r for r in shift_rows({'m': partial}, [metric]) if r[1] == 'coco_o_mean']
+    # its interval: the mean of the sets' replicates, not of their intervals
+    rng = np.random.default_rng(0)
+    reps = {cell: 0.1 * (i + 1) + rng.normal(0, 0.02 * (i + 1), 400)
+            for i, cell in enumerate(domains)}
+    monkeypatch.setattr(uncertainty, 'replicates_of', lambda path, res, boot: (
+        SimpleNamespace(notes=[]), {metric: {'cells': reps}}))
+    extras = report_stats.Extras(replicates=400)
+    report_stats._bootstrap_intervals(extras, [('m', 'r.json', results)],
+                                      uncertainty.Bootstrap(400), {'m': {'metrics': {}}})
+    low, high = extras.cell_intervals['m'][metric][('coco_o_mean', 0)]
+    expected = np.percentile(np.mean([reps[c] for c in domains], axis=0), [2.5, 97.5])
+    assert (low, high) == pytest.approx(tuple(expected))
+    table = '\n'.join(shift_markdown({'m': results}, [metric], extras))
+    assert f'| m | coco_o_mean | COCO-O, mean over its 6 domains (its headline) | {metric} | ' \
+           f'0.350 [{low:.3f}, {high:.3f}] | 0.500 | -0.150 |' in table
