@@ -379,12 +379,8 @@ def _worker_main(conn: Any, scope: Optional[str], imports: Sequence[str], parent
     children_die_with_parent()
     try:
         import mmrobust  # noqa: F401  (registers mmrobust's metrics in a fresh worker)
-        for module, optional in imports:  # NOTE: the config's custom_imports and the metrics'
-            try:  # modules
-                importlib.import_module(module)
-            except ImportError:
-                if not optional:  # NOTE: allow_failed_imports, as mmengine honours it
-                    raise
+        for module in imports:  # NOTE: the config's custom_imports (those that import here, see
+            importlib.import_module(module)  # worker_imports) and the metrics' modules
     except BaseException as err:
         conn.send((-1, False, shareable(err)))
         return
@@ -541,43 +537,43 @@ def _importable(module: str) -> bool:
 
 
 def worker_imports(evaluator_cfg: Any, custom_imports: Optional[Mapping], scope: Optional[str]
-                   ) -> List[Tuple[str, bool]]:
+                   ) -> List[str]:
     """What the metric worker imports before building the metrics, checked before inference.
 
-    ``(module, optional)`` pairs: the config's ``custom_imports`` and the module of each metric's
-    class (found here, where the config's imports ran). Under ``allow_failed_imports=True`` a
-    custom import that failed here is left out (logged), as mmengine left it out of this process;
-    one that is missing without it stops the run now, not after the first cells' inference.
+    The config's ``custom_imports`` and the module of each metric's class (found here, where the
+    config's imports ran). Each custom import is imported here first, as mmengine does: under
+    ``allow_failed_imports=True`` one that fails is left out (logged), as mmengine leaves it out;
+    without it, it stops the run now, not after the first cells' inference.
 
     Raises:
         MetricClassError: a metric's class lives where a fresh process cannot import it (a
             script's ``__main__``, a file loaded by path); says what to do.
-        ConfigError: a custom import no process can import, and failed imports are not allowed.
+        ConfigError: a custom import that fails, and failed imports are not allowed.
     """
-    import sys
+    import importlib
 
     from mmengine.registry import METRICS
 
     from .coco_metric import metric_entries
     custom = dict(custom_imports or {})
-    modules = custom.get('imports') or []
-    modules = [modules] if isinstance(modules, str) else list(modules)
-    optional = bool(custom.get('allow_failed_imports', False))
-    pairs: List[Tuple[str, bool]] = []
-    for module in modules:
-        if module in sys.modules:
-            pairs.append((module, optional))
-        elif optional:
-            print_log(f'custom import {module!r} failed in this process and is ignored '
+    names = custom.get('imports') or []
+    names = [names] if isinstance(names, str) else list(names)
+    modules: List[str] = []
+    for module in names:
+        try:
+            importlib.import_module(module)  # NOTE: a no-op for what the config's load imported
+        except ImportError as err:
+            if not custom.get('allow_failed_imports', False):
+                raise ConfigError(
+                    f'the config\'s custom_imports names {module!r}, which cannot be imported '
+                    f'({err}). Install it or put it on PYTHONPATH, remove it from '
+                    'custom_imports, or set allow_failed_imports=True to run without it.'
+                ) from None
+            print_log(f'custom import {module!r} failed ({err}) and is ignored '
                       '(allow_failed_imports=True): the metric worker does not import it either',
                       logger='current', level=30)
-        elif _importable(module):
-            pairs.append((module, False))
-        else:
-            raise ConfigError(
-                f'the config\'s custom_imports names {module!r}, which cannot be imported. '
-                'Install it or put it on PYTHONPATH, remove it from custom_imports, or set '
-                'allow_failed_imports=True to run without it.')
+            continue
+        modules.append(module)
     for entry in metric_entries(evaluator_cfg):
         kind = entry.get('type')
         with METRICS.switch_scope_and_registry(scope) as registry:  # NOTE: as build() finds it
@@ -591,8 +587,5 @@ def worker_imports(evaluator_cfg: Any, custom_imports: Optional[Mapping], scope:
                 '(a fresh process) cannot import. Define it in an importable module and list '
                 'that module in the config\'s custom_imports, or compute the metrics in this '
                 'process with --metric-queue 0.')
-        pairs.append((module, False))
-    seen: Dict[str, bool] = {}
-    for module, opt in pairs:  # NOTE: required wins over optional
-        seen[module] = seen.get(module, True) and opt
-    return list(seen.items())
+        modules.append(module)
+    return list(dict.fromkeys(modules))

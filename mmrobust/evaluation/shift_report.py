@@ -23,11 +23,15 @@ __all__ = ['shift_rows', 'shift_markdown', 'write_shift_csv', 'plot_shifts']
 Row = Tuple[str, str, int, str, str, float, float, float, Optional[Tuple[float, float]]]
 
 
-def _clean(results: Mapping, metric: str) -> float:
-    by_severity = results['cells'].get(CLEAN) or {}
-    scores = by_severity.get('0', by_severity.get(0)) or {}
-    value = scores.get(metric)
+def _score(results: Mapping, name: str, level: int, metric: str) -> float:
+    """A cell's number (severities are strings in a file, integers once loaded); NaN if none."""
+    by_level = results['cells'].get(name) or {}
+    value = (by_level.get(str(level), by_level.get(level)) or {}).get(metric)
     return float(value) if isinstance(value, (int, float)) else float('nan')
+
+
+def _clean(results: Mapping, metric: str) -> float:
+    return _score(results, CLEAN, 0, metric)
 
 
 def shift_rows(results_by_label: Mapping[str, Mapping], metrics: Sequence[str],
@@ -61,13 +65,8 @@ def _mean_rows(label: str, results: Mapping, metrics: Sequence[str],
     rows: List[Row] = []
     for name, (what, cells) in SHIFT_MEANS.items():
         for metric in metrics:
-            values = []
-            for cell, level in cells:
-                scores = (results['cells'].get(cell) or {}).get(str(level)) or \
-                    (results['cells'].get(cell) or {}).get(level) or {}
-                if isinstance(scores.get(metric), (int, float)):
-                    values.append(float(scores[metric]))
-            if len(values) != len(cells):
+            values = [_score(results, cell, level, metric) for cell, level in cells]
+            if any(v != v for v in values):
                 continue
             value, clean = sum(values) / len(values), _clean(results, metric)
             iv = None if extras is None else extras.cell_intervals.get(label, {}).get(

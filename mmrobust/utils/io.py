@@ -19,8 +19,7 @@ from .errors import MMRobustError
 
 __all__ = ['TMP_MARK', 'atomic_write', 'atomic_json', 'atomic_bytes', 'atomic_image',
            'save_figure', 'ResultsStore', 'ResultsMismatchError', 'ResultsFileError',
-           'FileLockedError',
-           'exclusive_lock']
+           'FileLockedError', 'exclusive_lock']
 
 #: Marks the temporary files of :func:`atomic_write` (``<name>.mmrobust-tmp-<pid>``).
 TMP_MARK = '.mmrobust-tmp-'
@@ -145,8 +144,8 @@ def exclusive_lock(path: PathLike, wait: bool = False,
     The lock is an ``flock`` on ``<path>.lock``, which records who holds it; the OS releases
     it when the holder exits, however it exits, so a killed job leaves no stale lock. Forked
     children (dataloader workers) close their copy of its descriptor at once, so only this
-    process holds it. On release
-    the lock file is removed if it is still the one this job locked.
+    process holds it. On release the lock file is removed if it is still the one this job
+    locked.
 
     ``flock`` is node-local on some cluster file systems (two nodes can both hold it): a lock
     file left naming a holder on another host is reported through ``waiting`` when taken over.

@@ -185,7 +185,7 @@ def test_a_metric_the_worker_cannot_import_stops_before_inference(tmp_path):
                                                "'hidden_lab_metrics', which the metric worker"):
         worker_imports(dict(type='HiddenLabIoUMetric'), None, 'mmseg')
     assert worker_imports([dict(type='IoUMetric')], dict(imports=['os']), 'mmseg') == [
-        ('os', False), ('mmseg.evaluation.metrics.iou_metric', False)]
+        'os', 'mmseg.evaluation.metrics.iou_metric']
 
 
 def _det_sample(masks: int = 100, h: int = 480, w: int = 640) -> dict:
