@@ -104,11 +104,14 @@ def main() -> int:
     parser.add_argument('--er-axis', choices=ER_AXES, default='logit',
                         help='axes of that trend: logit (Taori et al. 2020, default) or linear')
     parser.add_argument('--seed-bootstrap', action='store_true',
-                        help='paired differences of recipes with several seeds resample the '
-                        'seeds too (two-level: seeds within a recipe, then images)')
+                        help='the seeds vary in the paired intervals and the per-corruption '
+                        'tests (between-seed variance with the bootstrap over images; needs '
+                        'two or more files a label): statements about the recipes, not these '
+                        'checkpoints')
     parser.add_argument('--alpha', type=float, default=0.05,
                         help='family-wise error rate of the per-corruption differences (Holm; '
-                        'default 0.05)')
+                        'default 0.05); a verdict within 3 Monte-Carlo errors of its threshold '
+                        'is drawn again, or printed undecided')
     parser.add_argument('--confidence', type=float, default=0.95,
                         help='confidence level of the intervals (default 0.95)')
     parser.add_argument('--bootstrap-seed', type=int, default=0,

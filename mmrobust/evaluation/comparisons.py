@@ -7,115 +7,185 @@
   (``linear``). A model's effective robustness is its mPC minus the trend's mPC at its
   P_clean, in the metric's units. Its interval refits the line on every replicate (the same
   image draws for every model), so the baselines' noise is in it.
-- **Per-corruption paired differences**: for each corruption, the difference of two models'
-  means over severities on the same replicates, its percentile interval, a bootstrap p-value
-  (twice the smaller tail of the replicated difference around 0) and Holm's step-down
-  correction over the corruptions, so that "better on 12 of 15 corruptions" holds at the
-  family-wise level stated.
-- **Seeds inside the interval** (a two-level bootstrap): where a recipe was trained with
-  several seeds, each replicate first draws the seeds with replacement within each recipe,
-  then uses the replicate's image draw; the one-level interval (seeds averaged, images
-  resampled) covers test-image noise only.
+- **Per-corruption differences**: for each corruption, the difference of two recipes' means
+  over severities, its interval, p with its Monte-Carlo error and Holm's step-down correction
+  over the corruptions, so that "better on 12 of 15 corruptions" holds at the family-wise level
+  stated, about the recipes when their seeds vary in the test, about these checkpoints
+  otherwise (:mod:`.significance`).
 """
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..utils.errors import UsageError
-from .uncertainty import interval
+from .significance import difference_test, holm_verdicts
+from .uncertainty import bootstrap_weights, interval
 
-__all__ = ['ER_AXES', 'bootstrap_p', 'effective_robustness', 'holm',
+__all__ = ['ER_AXES', 'TEST_BUDGET', 'TEST_ROUNDS', 'CorruptionTests', 'effective_robustness',
            'per_corruption_differences', 'recipe_corruption_differences',
-           'seed_bootstrap_difference', 'trend_at']
+           'run_corruption_tests', 'trend_at']
+
+Cell = Tuple[str, int]
 
 ER_AXES = ('logit', 'linear')
 _EPS = 1e-6
 
 
-def holm(p_values: Sequence[float]) -> List[float]:
-    """Holm's step-down adjusted p-values (family-wise error control), in the input order."""
-    p = np.asarray(p_values, dtype=np.float64)
-    order = np.argsort(p, kind='stable')
-    m = len(p)
-    adjusted = np.empty(m)
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        adjusted[i] = running
-    return adjusted.tolist()
+def per_corruption_differences(base: Sequence[Mapping[Cell, np.ndarray]],
+                               other: Sequence[Mapping[Cell, np.ndarray]],
+                               base_points: Sequence[Mapping[str, float]],
+                               other_points: Sequence[Mapping[str, float]], confidence: float,
+                               alpha: float = 0.05, seeds: bool = False
+                               ) -> Dict[str, Dict[str, Any]]:
+    """``{corruption: row}`` of other minus base (:func:`~.significance.difference_test`).
 
-
-def bootstrap_p(differences: np.ndarray) -> float:
-    """Two-sided bootstrap p-value of "no difference".
-
-    Twice the smaller share of replicated differences on either side of 0 (NaN replicates left out),
-    at most 1.
-    """
-    d = np.asarray(differences, dtype=np.float64)
-    d = d[~np.isnan(d)]
-    if not d.size:
-        return float('nan')
-    return float(min(1.0, 2 * min(np.mean(d <= 0), np.mean(d >= 0))))
-
-
-def per_corruption_differences(base: Mapping[Tuple[str, int], np.ndarray],
-                               other: Mapping[Tuple[str, int], np.ndarray],
-                               base_points: Mapping[str, float],
-                               other_points: Mapping[str, float], confidence: float,
-                               alpha: float = 0.05) -> Dict[str, Dict[str, float]]:
-    """``{corruption: {difference, low, high, p, p_holm, significant}}`` of other minus base.
+    Each row: ``difference, low, high, p, p_se, seed_df`` and Holm's ``p_holm, significant,
+    undecided, verdict`` over the corruptions (:func:`~.significance.holm_verdicts`).
 
     Args:
-        base: ``{(corruption, severity): (R,)}`` cell replicates of one metric on image draws
-            shared with ``other`` (a cell of a corruption present in both).
-        other: the same of the model compared with ``base``.
-        base_points: each corruption's mean over severities (the point values) of ``base``.
+        base: one ``{(corruption, severity): (R,)}`` per seed of the base recipe: cell replicates
+            of one metric on image draws shared with ``other``.
+        other: the same of the recipe compared with ``base``.
+        base_points: per seed, each corruption's recorded mean over severities.
         other_points: the same of ``other``.
         confidence: the level of the intervals (e.g. 0.95).
-        alpha: the family-wise level of ``significant`` (Holm over the corruptions here).
+        alpha: the family-wise level of the verdicts.
+        seeds: the seeds vary in the tests (between-seed variance); otherwise they are averaged.
     """
-    corruptions = [c for c in dict.fromkeys(c for c, _ in base)
-                   if c in base_points and c in other_points]
-    rows: Dict[str, Dict[str, float]] = {}
+    everyone = list(base) + list(other)
+    points = list(base_points) + list(other_points)
+    corruptions = [c for c in dict.fromkeys(c for c, _ in base[0])
+                   if all(c in p for p in points)]
+    rows: Dict[str, Dict[str, Any]] = {}
     for c in corruptions:
-        severities = sorted(s for c2, s in base if c2 == c and (c2, s) in other)
+        severities = sorted(s for c2, s in base[0] if c2 == c
+                            and all((c, s) in cells for cells in everyone))
         if not severities:
             continue
-        diff = (np.mean([other[(c, s)] for s in severities], axis=0)
-                - np.mean([base[(c, s)] for s in severities], axis=0))
-        lo, hi = interval(diff, confidence)
-        rows[c] = {'difference': float(other_points[c] - base_points[c]), 'low': lo,
-                   'high': hi, 'p': bootstrap_p(diff)}
-    adjusted = holm([r['p'] for r in rows.values()]) if rows else []
-    for row, p_adj in zip(rows.values(), adjusted):
-        row['p_holm'] = p_adj
-        row['significant'] = bool(p_adj <= alpha)
+
+        def mean(cells: Mapping[Cell, np.ndarray]) -> np.ndarray:
+            return np.mean([cells[(c, s)] for s in severities], axis=0)
+        rows[c] = difference_test([mean(x) for x in base], [mean(x) for x in other],
+                                  [p[c] for p in base_points], [p[c] for p in other_points],
+                                  confidence, seeds)
+    holm_verdicts(rows, alpha)
     return rows
 
 
 def recipe_corruption_differences(base: Sequence[Mapping], other: Sequence[Mapping],
                                   base_points: Sequence[Mapping], other_points: Sequence[Mapping],
-                                  name: str, confidence: float, alpha: float
-                                  ) -> Dict[str, Dict[str, float]]:
-    """:func:`per_corruption_differences` of two recipes over their seeds.
+                                  name: str, confidence: float, alpha: float, seeds: bool = False
+                                  ) -> Dict[str, Dict[str, Any]]:
+    """:func:`per_corruption_differences` of two recipes for metric ``name``.
 
-    :func:`per_corruption_differences` of two recipes (lists of their seeds' replicate summaries and
-    point summaries, seeds averaged) for metric ``name``; empty where a seed lacks the metric's cell
-    replicates.
+    ``base`` / ``other``: each recipe's seeds' replicate summaries; ``base_points`` /
+    ``other_points``: their point summaries. Empty where a seed lacks the metric's cell replicates.
     """
     if not all(name in r and r[name].get('cells') for r in list(base) + list(other)):
         return {}
 
-    def cells(summaries):
-        common = set.intersection(*(set(r[name]['cells']) for r in summaries))
-        return {c: np.mean([r[name]['cells'][c] for r in summaries], axis=0) for c in common}
+    def per_corruption(summary: Mapping) -> Mapping[str, float]:
+        return summary['metrics'].get(name, {}).get('per_corruption', {})
+    return per_corruption_differences([r[name]['cells'] for r in base],
+                                      [r[name]['cells'] for r in other],
+                                      [per_corruption(p) for p in base_points],
+                                      [per_corruption(p) for p in other_points],
+                                      confidence, alpha, seeds)
 
-    def per_corruption(summaries):
-        rows = [p['metrics'].get(name, {}).get('per_corruption', {}) for p in summaries]
-        common = set.intersection(*(set(r) for r in rows))
-        return {c: float(np.mean([r[c] for r in rows])) for c in common}
-    return per_corruption_differences(cells(base), cells(other), per_corruption(base_points),
-                                      per_corruption(other_points), confidence, alpha)
+
+#: extra replicates undecided tests may draw, as a share of the replicates the intervals drew
+TEST_BUDGET = 0.4
+#: rounds of extra replicates for undecided tests, in multiples of the report's replicates (each
+#: at most what the budget has left)
+TEST_ROUNDS = (3, 12)
+
+
+@dataclass
+class CorruptionTests:
+    """The per-corruption tests of one pair of recipes and one metric (their seeds' labels)."""
+
+    other: str
+    base: str
+    name: str
+    other_labels: List[str]
+    base_labels: List[str]
+    rows: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+
+
+def run_corruption_tests(tests: Sequence[CorruptionTests], reps: Mapping[str, Mapping],
+                         points: Mapping[str, Mapping], stats: Mapping[str, Any], boot: Any,
+                         alpha: float, seeds: bool) -> List[str]:
+    """Each test's rows, drawing more replicates where a Holm decision is undecided.
+
+    An undecided corruption's cells get ``TEST_ROUNDS`` times the report's replicates more, in
+    rounds (the same new image draws for every model), while the extra cell replicates stay within
+    ``TEST_BUDGET`` of those the intervals drew (a round is cut to what is left of it). Returns
+    notes for the report (what was drawn, what stays undecided).
+
+    Args:
+        tests: filled in place (``rows``).
+        reps: each label's replicate summary (:func:`~.uncertainty.replicates_of`).
+        points: each label's point summary.
+        stats: each label's :class:`~.uncertainty.CellStats` (the paired ones share images).
+        boot: the report's :class:`~.uncertainty.Bootstrap`.
+        alpha: the family-wise level.
+        seeds: the seeds vary in the tests.
+    """
+    grown: Dict[str, Dict[str, Dict[Cell, List[np.ndarray]]]] = {}
+
+    def summary(label: str, name: str) -> Dict[str, Dict[str, Any]]:
+        cells = dict(reps[label][name]['cells'])
+        for cell, parts in grown.get(label, {}).get(name, {}).items():
+            cells[cell] = np.concatenate([cells[cell], *parts])
+        return {name: {'cells': cells}}
+
+    def run(test: CorruptionTests) -> None:
+        test.rows = recipe_corruption_differences(
+            [summary(lb, test.name) for lb in test.base_labels],
+            [summary(lb, test.name) for lb in test.other_labels],
+            [points[lb] for lb in test.base_labels], [points[lb] for lb in test.other_labels],
+            test.name, boot.confidence, alpha, seeds)
+    for test in tests:
+        run(test)
+    budget = TEST_BUDGET * boot.replicates * sum(len(stats[lb].cells) for lb in reps)
+    spent, notes = 0, []
+    for round_, factor in enumerate(TEST_ROUNDS):
+        open_tests = [t for t in tests if any(r['undecided'] for r in t.rows.values())]
+        if not open_tests:
+            break
+        wanted: Dict[str, set] = {}
+        for t in open_tests:
+            corruptions = {c for c, r in t.rows.items() if r['undecided']}
+            for lb in t.base_labels + t.other_labels:
+                wanted.setdefault(lb, set()).update(c for c in stats[lb].cells
+                                                    if c[0] in corruptions)
+        n_cells = sum(len(c) for c in wanted.values())
+        # NOTE: the last round draws what the budget has left, when that is at least one more R
+        more = min(factor * boot.replicates, int(budget - spent) // n_cells)
+        if more < boot.replicates:
+            break
+        spent += more * n_cells
+        seed = zlib.crc32(f'{boot.seed} undecided tests {round_}'.encode())
+        for lb, cells in wanted.items():
+            weights = bootstrap_weights(len(stats[lb].images), more, seed)
+            for cell in sorted(cells):
+                for name, values in stats[lb].scores(cell, weights).items():
+                    grown.setdefault(lb, {}).setdefault(name, {}).setdefault(cell, []).append(
+                        values)
+        for t in open_tests:
+            run(t)
+    if spent:
+        most = max(r['replicates'] for t in tests for r in t.rows.values())
+        notes.append(f'undecided per-corruption tests drew {spent} more cell replicates (their '
+                     f'cells {most} replicates at most, the others {boot.replicates})')
+    left = sum(r['undecided'] for t in tests for r in t.rows.values())
+    if left:
+        notes.append(f'{left} per-corruption decision(s) still undecided: settling them would '
+                     f'draw more than {TEST_BUDGET:.0%} of the intervals\' replicates again; '
+                     'rerun with a larger --bootstrap')
+    return notes
 
 
 def _axis(values: np.ndarray, axis: str) -> np.ndarray:
@@ -204,25 +274,3 @@ def _er_replicates(label: str, baselines: Sequence[str],
         a, b = _fit(xs[:, r], ys[:, r], axis)
         out[r] = (py[r] - trend_at(a, b, np.array([px[r]]), axis)[0]) * scale
     return out
-
-
-def seed_bootstrap_difference(base: Sequence[np.ndarray], other: Sequence[np.ndarray],
-                              seed: int = 0) -> np.ndarray:
-    """Two-level replicates of other minus base.
-
-    For each image replicate r, each recipe's seeds drawn with replacement (as many as it has),
-    their replicate r averaged.
-
-    Args:
-        base: one ``(R,)`` array of replicates per seed of the base recipe, on image draws
-            shared with ``other``.
-        other: the same of the other recipe.
-        seed: the seed of the draws of seeds.
-    """
-    b, o = np.stack(base), np.stack(other)  # (seeds, R)
-    rng = np.random.default_rng(seed)
-    replicates = b.shape[1]
-    pick_b = rng.integers(0, len(b), (replicates, len(b)))
-    pick_o = rng.integers(0, len(o), (replicates, len(o)))
-    cols = np.arange(replicates)[:, None]
-    return o[pick_o, cols].mean(1) - b[pick_b, cols].mean(1)

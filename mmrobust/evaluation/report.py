@@ -23,6 +23,7 @@ from .report_stats import (
 )
 from .results import load_results
 from .shift_report import plot_shifts, shift_markdown, write_shift_csv
+from .significance import MC_Z, SEED_BOUND
 
 __all__ = ['Extras', 'build_extras', 'load_results', 'summarize', 'summary_markdown',
            'write_csv', 'plot', 'write_report', 'adversarial_curves', 'attack_setting',
@@ -47,10 +48,12 @@ def _extras_markdown(extras: Extras) -> List[str]:
                   f'({extras.replicates} replicates; one draw of images for every cell and '
                   'model).']
     if extras.paired:
-        what = ('the same resampled images for both' if extras.paired_kind == 'images' else
-                'two-level: each replicate draws every recipe\'s seeds, then the images')
+        what = ('the same resampled images for both; seeds averaged'
+                if extras.paired_kind == 'images' else
+                f'the between-seed variance at its {SEED_BOUND:.0%} upper bound and the '
+                'bootstrap over the images')
         lines += ['', f'Paired differences ({what}; {level} interval, {extras.replicates} '
-                  f'replicates; resampled: {extras.paired_kind}):', '',
+                  f'replicates; varies: {extras.paired_kind}):', '',
                   '| model | minus | metric | quantity | difference | interval |',
                   '|---|---|---|---|---|---|']
         for other, base, name, q, diff, lo, hi in extras.paired:
@@ -92,37 +95,49 @@ def _extras_markdown(extras: Extras) -> List[str]:
 
 
 def _per_corruption_markdown(extras: Extras) -> List[str]:
-    """Per-corruption paired differences with Holm's correction, and the count they back."""
+    """Per-corruption differences with Holm's correction, and the count they back."""
     lines: List[str] = []
     pairs = list(dict.fromkeys((o, b, n) for o, b, n, _, _ in extras.per_corruption))
     for other, base, name in pairs:
         rows = [(c, r) for o, b, n, c, r in extras.per_corruption
                 if (o, b, n) == (other, base, name)]
-        better = sum(r['significant'] and r['difference'] > 0 for _, r in rows)
-        worse = sum(r['significant'] and r['difference'] < 0 for _, r in rows)
+        count = {v: sum(r['verdict'] == v for _, r in rows)
+                 for v in ('better', 'worse', 'undecided')}
+        df = rows[0][1]['seed_df']
+        varies = (f'seeds and images: the between-seed variance ({df} df, at its '
+                  f'{SEED_BOUND:.0%} upper bound) and the bootstrap over the images'
+                  if df else 'images (seeds averaged; seed variance not included): the '
+                  'bootstrap over the images, normal')
         lines += ['', f'{other} minus {base}, {name}, per corruption (mean over severities; '
-                  f'{extras.confidence:.0%} interval, {extras.replicates} replicates, '
-                  f'resampled: {extras.paired_kind}; p: bootstrap, Holm over the '
-                  f'{len(rows)} corruptions):', '',
+                  f'varies: {varies}; {extras.replicates} replicates; '
+                  f'{extras.confidence:.0%} interval; p ± its Monte-Carlo error; Holm over '
+                  f'the {len(rows)} corruptions):', '',
                   '| corruption | difference | interval | p | p (Holm) | '
                   f'at family-wise {extras.alpha:g} |', '|---|---|---|---|---|---|']
         for c, r in rows:
-            verdict = ('better' if r['difference'] > 0 else 'worse') if r['significant'] \
-                else 'not shown'
             lines.append(f"| {c} | {_fmt(r['difference'])} | [{_fmt(r['low'])}, "
-                         f"{_fmt(r['high'])}] | {_p(r['p'], extras.replicates)} | "
-                         f"{_p(r['p_holm'], extras.replicates)} | {verdict} |")
-        lines.append(f'\n{other} is better than {base} on {better} and worse on {worse} of '
-                     f'{len(rows)} corruptions at a family-wise error rate of {extras.alpha:g} '
-                     '(Holm).')
+                         f"{_fmt(r['high'])}] | {_p(r['p'], r['p_se'])} | "
+                         f"{_p(r['p_holm'])} | {r['verdict']} |")
+        about = ('the recipes' if df else
+                 'these checkpoints on these test images, not their recipes')
+        lines.append(f"\n{other} is better than {base} on {count['better']} and worse on "
+                     f"{count['worse']} of {len(rows)} corruptions at a family-wise error rate "
+                     f'of {extras.alpha:g} (Holm), a statement about {about}.')
+        if count['undecided']:
+            lines.append(f"{count['undecided']} undecided: p is within {MC_Z:g} Monte-Carlo "
+                         'errors of its Holm threshold, so the verdict would depend on '
+                         '--bootstrap-seed; more --bootstrap replicates settle it.')
     return lines
 
 
-def _p(value: float, replicates: int) -> str:
-    """A bootstrap p-value: below the resolution of the replicates it is shown as a bound."""
-    if value == 0 and replicates:
-        return f'< {1 / replicates:.1g}'
-    return f'{value:.3g}'
+def _p(value: float, error: Optional[float] = None) -> str:
+    """A p-value, with its Monte-Carlo standard error when given."""
+    if value != value:
+        return '—'
+    shown = f'{value:.2g}' if value >= 1e-4 else '< 0.0001'
+    if error is None:
+        return shown
+    return f'{shown} ± {error:.1g}' if error == error else f'{shown} ± ?'
 
 
 def _effective_markdown(extras: Extras) -> List[str]:
@@ -232,9 +247,9 @@ def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str,
               summaries: Optional[Mapping[str, Dict]] = None) -> Tuple[str, str]:
     """Write ``cells.csv`` (every model, metric, corruption, severity) and ``summary.csv``.
 
-    Both carry their intervals (empty where there are none); ``paired.csv``, ``seeds.csv`` and
-    ``corruption_error.csv`` are written when :class:`Extras` has them. Returns the first two
-    paths.
+    Both carry their intervals (empty where there are none); ``paired.csv``,
+    ``per_corruption_tests.csv``, ``seeds.csv`` and ``corruption_error.csv`` are written when
+    :class:`Extras` has them. Returns the first two paths.
     """
     os.makedirs(out_dir, exist_ok=True)
     extras = extras or Extras()
@@ -274,6 +289,14 @@ def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str,
                   ['model', 'minus', 'metric', 'quantity', 'difference', 'ci_low', 'ci_high',
                    'confidence', 'replicates'],
                   [[*row, extras.confidence, extras.replicates] for row in extras.paired])
+    if extras.per_corruption:
+        keys = ('difference', 'low', 'high', 'p', 'p_se', 'p_holm', 'verdict', 'seed_df')
+        _rows_csv(osp.join(out_dir, 'per_corruption_tests.csv'),
+                  ['model', 'minus', 'metric', 'corruption', 'difference', 'ci_low', 'ci_high',
+                   'p', 'p_mc_error', 'p_holm', 'verdict', 'seed_df', 'alpha', 'confidence',
+                   'replicates'],
+                  [[o, b, n, c, *(r[k] for k in keys), extras.alpha, extras.confidence,
+                    extras.replicates] for o, b, n, c, r in extras.per_corruption])
     if extras.seeds:
         _rows_csv(osp.join(out_dir, 'seeds.csv'),
                   ['recipe', 'metric', 'quantity', 'files', 'mean', 'std'],

@@ -69,9 +69,9 @@ class Extras:
     reference: Optional[str] = None
     errors: Dict[str, Dict[str, Dict[str, Any]]] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
-    #: what the paired intervals resample: 'images', or 'seeds, then images' (two-level)
+    #: what varies in the paired intervals: 'images', or 'seeds and images'
     paired_kind: str = 'images'
-    #: (recipe, minus, metric, corruption, {difference, low, high, p, p_holm, significant})
+    #: (recipe, minus, metric, corruption, row of :func:`~.comparisons.per_corruption_differences`)
     per_corruption: List[Tuple[str, str, str, str, Dict[str, Any]]] = field(
         default_factory=list)
     alpha: float = 0.05
@@ -90,10 +90,11 @@ def build_extras(entries: Sequence[Tuple[str, str, Mapping]], groups: Mapping[st
     results)``; ``groups`` maps a recipe to the labels of its seeds, in order, the first group being
     the baseline of the paired differences). ``boot`` (a :class:`~.uncertainty.Bootstrap`): None or
     0 replicates for no intervals. ``baselines``: the recipes the effective-robustness trend is
-    fitted on (``er_axis``); ``seed_bootstrap``: paired intervals resample the seeds too
-    (two-level); ``alpha``: the family-wise level of the per-corruption differences (Holm).
+    fitted on (``er_axis``); ``seed_bootstrap``: the seeds vary in the paired intervals and the
+    per-corruption tests (:mod:`.significance`; needs a recipe with two seeds or more);
+    ``alpha``: the family-wise level of the per-corruption differences (Holm).
     """
-    from .comparisons import recipe_corruption_differences
+    from .comparisons import CorruptionTests, run_corruption_tests
     from .uncertainty import (
         PairingError,
         check_pairable,
@@ -106,7 +107,11 @@ def build_extras(entries: Sequence[Tuple[str, str, Mapping]], groups: Mapping[st
     extras = Extras(confidence=boot.confidence if boot else 0.95,
                     replicates=boot.replicates if boot else 0, alpha=alpha)
     if seed_bootstrap and any(len(labels) > 1 for labels in groups.values()):
-        extras.paired_kind = 'seeds, then images'
+        extras.paired_kind = 'seeds and images'
+    elif seed_bootstrap:
+        extras.notes.append('--seed-bootstrap: every recipe has one seed, so the seeds\' variance '
+                            'cannot be estimated; the tests are about these checkpoints on these '
+                            'images (seeds: give each recipe two or more results files)')
     points = {label: summarize(results) for label, _, results in entries}
     metrics = list(metrics) if metrics else main_metrics(points)
     stats, reps = _bootstrap_intervals(extras, entries, boot, points)
@@ -117,6 +122,7 @@ def build_extras(entries: Sequence[Tuple[str, str, Mapping]], groups: Mapping[st
                 [points[lb] for lb in labels]).items() if name in metrics}
     # paired differences, every group against the first one
     names = list(groups)
+    tests: List[CorruptionTests] = []
     for other in names[1:]:
         base_labels, other_labels = list(groups[names[0]]), list(groups[other])
         if not all(lb in reps and reps[lb] for lb in base_labels + other_labels):
@@ -136,18 +142,19 @@ def build_extras(entries: Sequence[Tuple[str, str, Mapping]], groups: Mapping[st
                                    [reps[lb] for lb in other_labels],
                                    [points[lb] for lb in base_labels],
                                    [points[lb] for lb in other_labels], boot.confidence,
-                                   seed_draws=boot.seed if seed_bootstrap else None)
+                                   seeds=seed_bootstrap)
         for name, row in diffs.items():
             if name not in metrics:
                 continue
             for q, (diff, lo, hi) in row.items():
                 extras.paired.append((other, names[0], name, q, diff, lo, hi))
-        for name in metrics:
-            for corruption, row in recipe_corruption_differences(
-                    [reps[lb] for lb in base_labels], [reps[lb] for lb in other_labels],
-                    [points[lb] for lb in base_labels], [points[lb] for lb in other_labels],
-                    name, boot.confidence, alpha).items():
-                extras.per_corruption.append((other, names[0], name, corruption, row))
+        tests += [CorruptionTests(other, names[0], name, other_labels, base_labels)
+                  for name in metrics]
+    if tests:
+        extras.notes += run_corruption_tests(tests, reps, points, stats, boot, alpha,
+                                             seed_bootstrap)
+        extras.per_corruption = [(t.other, t.base, t.name, c, row) for t in tests
+                                 for c, row in t.rows.items()]
     if baselines:
         _effective(extras, groups, points, reps, metrics, baselines, er_axis, boot)
     # corruption error

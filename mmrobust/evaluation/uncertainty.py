@@ -26,6 +26,7 @@ from ..utils.errors import MMRobustError
 from .metrics import CLEAN, mean_over_corruptions
 from .per_image import load_cell_stats, scorer, stats_folders, stats_path
 from .results import corruption_cells, evaluation_sha256
+from .significance import difference_test
 
 __all__ = ['DEFAULT_REPLICATES', 'Bootstrap', 'CellStats', 'PairingError', 'bootstrap_weights',
            'cell_stats', 'check_pairable', 'corruption_errors', 'interval', 'metric_scale',
@@ -228,13 +229,14 @@ def check_pairable(a: Tuple[str, Mapping, CellStats], b: Tuple[str, Mapping, Cel
 def paired_differences(base: Sequence[Dict[str, Dict[str, Any]]],
                        other: Sequence[Dict[str, Dict[str, Any]]],
                        base_points: Sequence[Dict], other_points: Sequence[Dict],
-                       confidence: float, seed_draws: Optional[int] = None
+                       confidence: float, seeds: bool = False
                        ) -> Dict[str, Dict[str, Tuple[float, float, float]]]:
     """``{metric: {quantity: (difference, lo, hi)}}`` of other minus base.
 
-    Each a list of seeds' replicate summaries over the same draws, averaged across seeds. For
-    P_clean, mPC and rPC. ``seed_draws``: a seed for the two-level bootstrap (each replicate also
-    draws the seeds, :func:`~.comparisons.seed_bootstrap_difference`); None: the seeds averaged.
+    Each a list of seeds' replicate summaries over the same draws; P_clean, mPC and rPC.
+    ``seeds``: where a recipe has two seeds or more, the interval includes the between-seed
+    variance (:func:`~.significance.difference_test`); otherwise the seeds are averaged and the
+    interval is the percentile interval over the images.
     """
     out: Dict[str, Dict[str, Tuple[float, float, float]]] = {}
     for name in base[0]:
@@ -248,15 +250,17 @@ def paired_differences(base: Sequence[Dict[str, Dict[str, Any]]],
                       + list(other_points)]
             if any(v is None for v in points):
                 continue
-            if seed_draws is not None and max(len(base), len(other)) > 1:
-                from .comparisons import seed_bootstrap_difference
-                diff = seed_bootstrap_difference([r[name][q] for r in base],
-                                                 [r[name][q] for r in other], seed_draws)
-            else:
-                diff = (np.mean([r[name][q] for r in other], axis=0)
-                        - np.mean([r[name][q] for r in base], axis=0))
             point = (np.mean([p['metrics'][name][q] for p in other_points])
                      - np.mean([p['metrics'][name][q] for p in base_points]))
+            if seeds and max(len(base), len(other)) > 1:
+                test = difference_test([r[name][q] for r in base], [r[name][q] for r in other],
+                                       [p['metrics'][name][q] for p in base_points],
+                                       [p['metrics'][name][q] for p in other_points],
+                                       confidence, seeds=True)
+                row[q] = (float(point), test['low'], test['high'])
+                continue
+            diff = (np.mean([r[name][q] for r in other], axis=0)
+                    - np.mean([r[name][q] for r in base], axis=0))
             row[q] = (float(point), *interval(diff, confidence))
         if row:
             out[name] = row

@@ -423,6 +423,19 @@ def test_report_gives_intervals_paired_differences_seeds_and_ce(tmp_path):
                                                r'([\d.]+)\]', row).groups())
     assert lo < mce < hi and row.endswith('| 1 of the 15 benchmark corruptions |')
     assert "mCE intervals: 95% over this run's test images (100 replicates)" in table
+    # with the seeds in the paired interval and the per-corruption tests
+    code, out = _report(*runs, '--labels', 'plain', 'plain', 'DAT', 'DAT', '--seed-bootstrap',
+                        '--out-dir', tmp_path / 'rep2', '--bootstrap', 100)
+    assert code == 0, out
+    assert 'varies: seeds and images):' in out
+    assert ('varies: seeds and images: the between-seed variance (2 df, at its 99% upper '
+            'bound) and the bootstrap over the images') in out
+    assert 'a statement about the recipes.' in out
+    tests = list(csv.DictReader(open(tmp_path / 'rep2' / 'per_corruption_tests.csv')))
+    assert [(r['corruption'], r['seed_df']) for r in tests] == [('gaussian_noise', '2')]
+    paired = list(csv.DictReader(open(tmp_path / 'rep2' / 'paired.csv')))
+    mpc = next(r for r in paired if r['metric'] == 'mIoU' and r['quantity'] == 'mPC')
+    assert float(mpc['ci_low']) <= float(mpc['difference']) <= float(mpc['ci_high'])
 
 
 def test_report_refuses_to_pair_different_images_and_says_what_is_missing(tmp_path):
@@ -537,8 +550,14 @@ def test_report_gives_effective_robustness_and_per_corruption_differences(tmp_pa
     assert (tmp_path / 'rep' / 'effective_robustness_mIoU.png').stat().st_size > 0
     per = out[out.index('small minus'):] if 'small minus' in out else out[
         out.index('large minus'):]
-    assert 'p: bootstrap, Holm over the 2 corruptions' in per
-    assert re.search(r'\| fog \| -?[\d.]+ \| \[-?[\d.]+, -?[\d.]+\] \| (< )?[\d.e-]+ \| '
-                     r'(< )?[\d.e-]+ \|', per)
+    assert 'varies: images (seeds averaged; seed variance not included)' in per
+    assert 'Holm over the 2 corruptions' in per
+    assert re.search(r'\| fog \| -?[\d.]+ \| \[-?[\d.]+, -?[\d.]+\] \| (< )?[\d.e-]+ ± '
+                     r'[\d.e-]+ \| (< )?[\d.e-]+ \| (better|worse|not shown|undecided) \|', per)
     assert re.search(r'is better than .* on \d and worse on \d of 2 corruptions at a '
-                     r'family-wise error rate of 0.05 \(Holm\)', per)
+                     r'family-wise error rate of 0.05 \(Holm\), a statement about these '
+                     'checkpoints on these test images, not their recipes', per)
+    tests = list(csv.DictReader(open(tmp_path / 'rep' / 'per_corruption_tests.csv')))
+    assert {r['corruption'] for r in tests} == {'gaussian_noise', 'fog'}
+    assert {r['seed_df'] for r in tests} == {'0'} and all(float(r['p_mc_error']) >= 0
+                                                         for r in tests)
