@@ -282,7 +282,7 @@ def test_detector_on_the_fly_stored_resume_and_report(toy_data, trained_toy_dete
         'cells.csv', 'summary.csv', 'paired.csv', 'per_corruption_coco_bbox_mAP.png',
         'per_severity_coco_bbox_mAP.png', 'per_corruption_coco_segm_mAP.png',
         'per_severity_coco_segm_mAP.png', 'intervals_coco_bbox_mAP.png',
-        'intervals_coco_segm_mAP.png'}
+        'intervals_coco_segm_mAP.png', 'per_corruption_tests.csv'}
     rows = (out / 'cells.csv').read_text().splitlines()
     assert len(rows) == 1 + 2 * 5 * 12  # models x cells x the 12 COCO box/mask metrics
     # the per-image statistics of both runs: the same predictions, so a paired difference of
