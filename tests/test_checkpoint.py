@@ -1,4 +1,9 @@
-"""Checkpoint safety on torch >= 2.6: mmengine's own files load, malicious pickles are refused."""
+"""Checkpoint safety: mmengine's own files load, malicious pickles are refused.
+
+Through torch's extensible ``weights_only`` allow-list (torch >= 2.5) and through the restricted
+unpickler that stands in for it on older torch (torch 2.1, the floor): the ``loader`` fixture
+runs a test both ways on this torch.
+"""
 import argparse
 import os
 from collections import OrderedDict
@@ -14,6 +19,14 @@ import mmrobust  # noqa: F401  (installs the safe loader)
 from mmrobust.utils import NotACheckpointError, UnsafeCheckpointError, safe_load
 
 from helpers import run_tool
+
+
+@pytest.fixture(params=['weights_only', 'unpickler'])
+def loader(request, monkeypatch):
+    """The path safe_load takes: torch's allow-list, or the unpickler of torch < 2.5."""
+    import mmrobust.utils.checkpoint as ckpt
+    monkeypatch.setattr(ckpt, 'EXTENSIBLE_WEIGHTS_ONLY', request.param == 'weights_only')
+    return request.param
 
 
 class _Evil:
@@ -58,7 +71,7 @@ def _runner(work_dir, max_iters, **kwargs):
         experiment_name=f'exp_{max_iters}_{os.path.basename(str(work_dir))}', **kwargs)
 
 
-def test_mmengine_checkpoint_roundtrip_and_resume(tmp_path):
+def test_mmengine_checkpoint_roundtrip_and_resume(tmp_path, monkeypatch):
     full = _runner(tmp_path / 'full', 8)
     full.train()
     part = _runner(tmp_path / 'part', 4)
@@ -69,6 +82,16 @@ def test_mmengine_checkpoint_roundtrip_and_resume(tmp_path):
     hub = ckpt['message_hub']['log_scalars']
     assert type(next(iter(hub.values()))).__name__ == 'HistoryBuffer'
     assert ckpt['meta']['iter'] == 4
+    # the same file through the unpickler of torch < 2.5: the same content
+    import mmrobust.utils.checkpoint as loader
+    monkeypatch.setattr(loader, 'EXTENSIBLE_WEIGHTS_ONLY', False)
+    again = safe_load(str(ckpt_path))
+    monkeypatch.undo()
+    assert again['meta'] == ckpt['meta'] and list(again) == list(ckpt)
+    assert type(next(iter(again['message_hub']['log_scalars'].values()))).__name__ == \
+        'HistoryBuffer'
+    for k, v in ckpt['state_dict'].items():
+        torch.testing.assert_close(v, again['state_dict'][k])
 
     resumed = _runner(tmp_path / 'part', 8, resume=True, load_from=str(ckpt_path))
     resumed.train()
@@ -86,7 +109,7 @@ def test_mmengine_checkpoint_roundtrip_and_resume(tmp_path):
         torch.testing.assert_close(v, final_resumed['state_dict'][k])
 
 
-def test_third_party_checkpoints_load(tmp_path):
+def test_third_party_checkpoints_load(tmp_path, loader):
     model = _TinyModel()
     plain = tmp_path / 'plain.pth'
     torch.save(OrderedDict(model.state_dict()), plain)
@@ -104,7 +127,7 @@ def test_third_party_checkpoints_load(tmp_path):
 
 
 @pytest.mark.parametrize('zipfile', [True, False], ids=['zip', 'legacy'])
-def test_malicious_checkpoint_is_refused(tmp_path, zipfile):
+def test_malicious_checkpoint_is_refused(tmp_path, zipfile, loader):
     marker = tmp_path / 'pwned'
     path = tmp_path / 'evil.pth'
     torch.save(dict(state_dict=_TinyModel().state_dict(), meta=_Evil(marker)), path,
@@ -139,7 +162,7 @@ class _SneakyGetattr:
         return (getattr, (HistoryBuffer, '__init__'))
 
 
-def test_getattr_only_reaches_history_buffer_statistics(tmp_path):
+def test_getattr_only_reaches_history_buffer_statistics(tmp_path, loader):
     path = tmp_path / 'sneaky.pth'
     torch.save({'x': _SneakyGetattr()}, path)
     with pytest.raises(UnsafeCheckpointError, match='only HistoryBuffer statistics'):
@@ -151,7 +174,7 @@ def test_getattr_only_reaches_history_buffer_statistics(tmp_path):
     (b'hello, I am text', "not a torch.save file \\(it starts with b'hello, I'"),
     (None, 'a plain Python pickle'),
 ])
-def test_what_is_no_torch_file_is_named_as_such(tmp_path, content, says):
+def test_what_is_no_torch_file_is_named_as_such(tmp_path, content, says, loader):
     import pickle
     path = tmp_path / 'model.pth'
     path.write_bytes(pickle.dumps({'state_dict': {'w': np.zeros(2)}}) if content is None

@@ -160,7 +160,8 @@ def test_the_issue_cases_through_their_tools(toy_data, tmp_path):
     assert_user_error(status, err, 1, f'{tmp_path / "nope"} does not exist')
     status, err = _tool('test_robustness.py', 'configs/toy/mask-rcnn_r18_fpn_toy-coco.py',
                         tmp_path / 'x.pth', '--corruptions', 'fog')
-    assert_user_error(status, err, 1, f"checkpoint '{tmp_path / 'x.pth'}' does not exist")
+    assert_user_error(status, err, 1, f"checkpoint '{tmp_path / 'x.pth'}' does not exist",
+                      'bash tools/demo_toy.sh CONFIG')
     status, err = _tool('test_robustness.py', 'configs/toy/mask-rcnn_r18_fpn_toy-coco.py',
                         tmp_path / 'x.pth', '--epsilons', '0.01')
     assert_user_error(status, err, 2, '--epsilons needs --attacks')

@@ -11,7 +11,12 @@
 # to debug with --pdb). The exit status is non-zero when either ruff or pytest fails.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-VENV=${MMROBUST_VENV:-$HOME/.venvs/mmrobust}
+# MMROBUST_STACK=oldest: the floor stack of tools/setup_env.sh, in its own venv
+if [ "${MMROBUST_STACK:-current}" = oldest ]; then
+  VENV=${MMROBUST_VENV:-$HOME/.venvs/mmrobust-oldest}
+else
+  VENV=${MMROBUST_VENV:-$HOME/.venvs/mmrobust}
+fi
 WORKERS=${MMROBUST_TEST_WORKERS:-2}
 args=()
 for a in "$@"; do

@@ -3,7 +3,10 @@
 # (editable). Safe to rerun: the stack is reinstalled only when requirements change, and the
 # editable install is re-pointed at this checkout every time (seconds).
 #
-#   bash tools/setup_env.sh            # venv at $MMROBUST_VENV (default ~/.venvs/mmrobust)
+#   bash tools/setup_env.sh                  # venv at $MMROBUST_VENV (default ~/.venvs/mmrobust)
+#   bash tools/setup_env.sh --stack oldest   # the floor: torch 2.1.2 (OpenMMLab's prebuilt mmcv
+#                                            # 2.1.0 stops there), default ~/.venvs/mmrobust-oldest
+#                                            # (or MMROBUST_STACK=oldest, as run_tests.sh passes)
 #
 # The first run builds mmcv 2.1.0 with its C++ ops from source (~20 min on 2 cores); pip keeps
 # the built wheel in its cache, so later runs and new venvs on the same machine take minutes.
@@ -12,7 +15,21 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-VENV=${MMROBUST_VENV:-$HOME/.venvs/mmrobust}
+STACK=${MMROBUST_STACK:-current}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --stack) STACK=${2:-}; shift 2 ;;
+    --stack=*) STACK=${1#--stack=}; shift ;;
+    *) echo "setup_env.sh: unknown argument $1 (use --stack current|oldest)" >&2; exit 2 ;;
+  esac
+done
+case "$STACK" in
+  current) TORCH=2.13.0; CONSTRAINT_FILE=constraints.txt
+           VENV=${MMROBUST_VENV:-$HOME/.venvs/mmrobust} ;;
+  oldest) TORCH=2.1.2; CONSTRAINT_FILE=constraints-oldest.txt
+          VENV=${MMROBUST_VENV:-$HOME/.venvs/mmrobust-oldest} ;;
+  *) echo "setup_env.sh: --stack is current or oldest, not '$STACK'" >&2; exit 2 ;;
+esac
 PYTHON=${PYTHON:-python3}
 
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
@@ -22,24 +39,35 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
 fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
-CONSTRAINTS=(-c "$ROOT/requirements/constraints.txt")
+CONSTRAINTS=(-c "$ROOT/requirements/$CONSTRAINT_FILE")
 STAMP="$VENV/.mmrobust-stack"
-STACK_HASH=$(cat "$ROOT/requirements.txt" "$ROOT"/requirements/*.txt "$ROOT/tools/setup_env.sh" \
-  "$ROOT/tools/cuda_env.sh" | sha256sum | cut -c1-16)
+STACK_HASH=$( { echo "$STACK"; cat "$ROOT/requirements.txt" "$ROOT"/requirements/*.txt \
+  "$ROOT/tools/setup_env.sh" "$ROOT/tools/cuda_env.sh"; } | sha256sum | cut -c1-16)
 # shellcheck source=cuda_env.sh
 source "$ROOT/tools/cuda_env.sh"
 
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$STACK_HASH" ]; then
   echo "== installing the mmrobust stack into $VENV"
-  "${PIP[@]}" install "${CONSTRAINTS[@]}" torch==2.13.0
+  "${PIP[@]}" install "${CONSTRAINTS[@]}" "torch==$TORCH"
   # after torch, which would pull setuptools >= 77 (see requirements/build.txt)
   "${PIP[@]}" install "${CONSTRAINTS[@]}" -r "$ROOT/requirements/build.txt"
+  echo "== note: an 'ERROR: pip's dependency resolver ...' line above saying torch requires" \
+    "setuptools>=77 is expected: mmcv's build needs setuptools<70, and torch needs the newer one" \
+    "only to compile extensions (requirements/build.txt)"
   # CUDA ops when torch sees a GPU: stops here, before the build, if nvcc is missing
   mmrobust_cuda_env "$VENV/bin/python" || exit 1
-  # mmcv's setup.py imports torch to compile its ops, hence no build isolation
+  # mmcv's setup.py imports torch to compile its ops, hence no build isolation. pip caches the
+  # built wheel by mmcv's version only, so each stack keeps its own cache: a wheel built against
+  # another torch fails at import (undefined symbols in mmcv._ext)
+  cache=()
+  [ "$STACK" = current ] || cache=(--cache-dir "$VENV/.pip-cache")
   MMCV_WITH_OPS=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} \
-    "${PIP[@]}" install "${CONSTRAINTS[@]}" --no-build-isolation mmcv==2.1.0
+    "${PIP[@]}" install "${cache[@]}" "${CONSTRAINTS[@]}" --no-build-isolation mmcv==2.1.0
   "${PIP[@]}" install "${CONSTRAINTS[@]}" -r "$ROOT/requirements.txt" -r "$ROOT/requirements/tests.txt"
+  # OpenMMLab's `mim` without its declared opendatalab (a dataset downloader no mim command used
+  # here imports), which would pin setuptools, requests and tqdm down; its imports are in
+  # requirements/tests.txt. pip's later "openmim requires opendatalab" notes are this.
+  "${PIP[@]}" install "${CONSTRAINTS[@]}" --no-deps openmim==0.3.9
   echo "$STACK_HASH" > "$STAMP"
 fi
 

@@ -159,7 +159,13 @@ def apply_test_args(cfg: Config, checkpoint: str, *, out: Optional[str] = None,
                     tta: bool = False) -> Config:
     """``--out``, ``--show``, ``--show-dir`` and ``--tta`` with the task's own semantics."""
     if not osp.isfile(checkpoint):
-        raise InputNotFoundError(f'checkpoint {checkpoint!r} does not exist')
+        # NOTE: a newcomer's first missing checkpoint is the toy detector's, which nothing trained
+        toy = ' (`bash tools/demo_toy.sh CONFIG` for a toy config)' if '/toy/' in str(
+            cfg.filename or '') or 'toy' in osp.basename(checkpoint) else ''
+        raise InputNotFoundError(
+            f'checkpoint {checkpoint!r} does not exist: train one with `python tools/train.py '
+            f'CONFIG --work-dir DIR`{toy} (DIR/last_checkpoint names its last checkpoint), or '
+            'give the path of one you have')
     cfg.load_from = checkpoint
     # a COCO metric given `backend=...` (e.g. --cfg-options test_evaluator.backend=...) is
     # evaluated by that library; one without keeps mmdet's CocoMetric

@@ -1,16 +1,19 @@
-"""Safe checkpoint loading for torch >= 2.6.
+"""Safe checkpoint loading, from torch 2.1 to today's.
 
 torch >= 2.6 loads with ``weights_only=True``, which refuses the few Python types that mmengine puts
 into its own checkpoints (the message hub's ``HistoryBuffer`` and the numpy arrays inside it), so
 resume and ``load_from`` break. The tempting fix, ``weights_only=False``, would unpickle anything,
 and a checkpoint is an untrusted download. mmrobust instead allow-lists exactly the types that
 mmengine/OpenMMLab checkpoints contain and refuses everything else with an error naming the
-offending globals.
+offending globals. torch < 2.5 cannot extend its ``weights_only`` allow-list
+(``torch.serialization.safe_globals``), so there the same allow-list (torch's own plus
+mmrobust's) is enforced by a restricted unpickler: the same files load, the same ones are refused.
 
 ``import mmrobust`` installs :func:`load_from_local` as mmengine's loader for local paths, so
 ``load_from``, ``--resume``, ``init_cfg=dict(type='Pretrained', ...)`` and ``load_checkpoint`` all
 use it.
 """
+import _compat_pickle
 import argparse
 import os.path as osp
 import pickle
@@ -142,8 +145,14 @@ def _check_torch_file(f: Union[str, BinaryIO], name: str) -> None:
     raise NotACheckpointError(f'{name} is not a checkpoint: {what}.')
 
 
+#: torch can extend its own ``weights_only`` allow-list (torch >= 2.5)
+EXTENSIBLE_WEIGHTS_ONLY = hasattr(torch.serialization, 'safe_globals')
+
+
 def safe_load(f: Union[str, BinaryIO], map_location: Optional[Any] = None) -> Any:
     """``torch.load`` with ``weights_only=True`` and mmrobust's allow-list.
+
+    On torch < 2.5, the same allow-list through a restricted unpickler (nothing else resolves).
 
     Raises:
         NotACheckpointError: the file was not written by ``torch.save``.
@@ -152,17 +161,23 @@ def safe_load(f: Union[str, BinaryIO], map_location: Optional[Any] = None) -> An
     name = f if isinstance(f, str) else getattr(f, 'name', '<buffer>')
     _check_torch_file(f, name)
     try:
+        if not EXTENSIBLE_WEIGHTS_ONLY:
+            # NOTE: weights_only=False only hands unpickling to the restricted module below
+            return torch.load(f, map_location=map_location, weights_only=False,
+                              pickle_module=_allow_listed_pickle)
         with torch.serialization.safe_globals(_SAFE_GLOBALS):
             return torch.load(f, map_location=map_location, weights_only=True)
+    except _Refused as exc:
+        unsafe = [exc.name]
     except pickle.UnpicklingError as exc:
         unsafe = _unsafe_globals(f, exc)
-        raise UnsafeCheckpointError(
-            f'Refusing to load checkpoint {name}: it contains pickled Python objects that are '
-            f'not on the allow-list of checkpoint types: {", ".join(unsafe)}. Unpickling them '
-            'could run arbitrary code, so nothing was loaded. If the file comes from a source '
-            'you trust, rewrite it as plain tensors with `python tools/model_converters/'
-            'clean_checkpoint.py IN OUT --trust-source`, or allow the types with '
-            '`mmrobust.utils.register_safe_globals(...)`.') from None
+    raise UnsafeCheckpointError(
+        f'Refusing to load checkpoint {name}: it contains pickled Python objects that are '
+        f'not on the allow-list of checkpoint types: {", ".join(unsafe)}. Unpickling them '
+        'could run arbitrary code, so nothing was loaded. If the file comes from a source '
+        'you trust, rewrite it as plain tensors with `python tools/model_converters/'
+        'clean_checkpoint.py IN OUT --trust-source`, or allow the types with '
+        '`mmrobust.utils.register_safe_globals(...)`.') from None
 
 
 def load_from_local(filename: str, map_location: Optional[Any] = None) -> Any:
@@ -207,17 +222,56 @@ def _stub(name: str) -> type:
     return type(qualname, (_Inert, ), {'__module__': module})
 
 
+class _Refused(pickle.UnpicklingError):
+    """A global outside the allow-list, named (raised before anything from it ran)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def _python3_name(module: str, name: str) -> str:
+    """``module.name`` as Python 3 spells it (protocol 2 pickles write ``__builtin__``...).
+
+    The stock ``find_class`` maps these names itself; an override must too.
+    """
+    if (module, name) in _compat_pickle.NAME_MAPPING:
+        module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+    elif module in _compat_pickle.IMPORT_MAPPING:
+        module = _compat_pickle.IMPORT_MAPPING[module]
+    return f'{module}.{name}'
+
+
+def _allowed(full: str) -> Any:
+    """The object an allow-listed pickled global names, else None."""
+    allowed = torch._weights_only_unpickler._get_allowed_globals()
+    if full in allowed:
+        return allowed[full]
+    for obj in _SAFE_GLOBALS:
+        if _global_name(obj) == full:
+            return obj[0] if isinstance(obj, tuple) else obj
+    return None
+
+
+class _AllowListedUnpickler(pickle.Unpickler):
+    """Resolves torch's ``weights_only`` globals and mmrobust's allow-list; refuses the rest."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        full = _python3_name(module, name)
+        found = _allowed(full)
+        if found is None:
+            raise _Refused(full)
+        return found
+
+
 class _RestrictedUnpickler(pickle.Unpickler):
     """Resolves allow-listed globals, stubs Lightning ones, refuses the rest."""
 
     def find_class(self, module: str, name: str) -> Any:
-        full = f'{module}.{name}'
-        allowed = torch._weights_only_unpickler._get_allowed_globals()
-        if full in allowed:
-            return allowed[full]
-        for obj in _SAFE_GLOBALS:
-            if _global_name(obj) == full:
-                return obj[0] if isinstance(obj, tuple) else obj
+        full = _python3_name(module, name)
+        found = _allowed(full)
+        if found is not None:
+            return found
         if full.startswith(STUBBED_NAMESPACES):
             return _stub(full)
         raise UnsafeCheckpointError(
@@ -225,9 +279,14 @@ class _RestrictedUnpickler(pickle.Unpickler):
             'unpickling it could run code')
 
 
-_restricted_pickle = types.SimpleNamespace(
-    __name__='mmrobust_restricted_pickle', Unpickler=_RestrictedUnpickler,
-    load=lambda f, **kwargs: _RestrictedUnpickler(f, **kwargs).load())
+def _pickle_module(name: str, unpickler: type) -> types.SimpleNamespace:
+    """A ``pickle_module`` for ``torch.load`` whose unpickling goes through ``unpickler``."""
+    return types.SimpleNamespace(__name__=name, Unpickler=unpickler,
+                                 load=lambda f, **kwargs: unpickler(f, **kwargs).load())
+
+
+_allow_listed_pickle = _pickle_module('mmrobust_allow_listed_pickle', _AllowListedUnpickler)
+_restricted_pickle = _pickle_module('mmrobust_restricted_pickle', _RestrictedUnpickler)
 
 
 def load_lightning_checkpoint(path: str, map_location: Optional[Any] = 'cpu') -> Any:

@@ -27,7 +27,9 @@ def report_origin(tool_file: str) -> str:
     """
     import mmrobust
     package = osp.dirname(osp.abspath(mmrobust.__file__))
-    own = checkout_root(tool_file) / 'mmrobust'
+    root = checkout_root(tool_file)
+    # NOTE: an installed mmrobust carries its tools in mmrobust/.mim/tools (mim runs them there)
+    own = root.parent if root.name == '.mim' else root / 'mmrobust'
     # NOTE: once per job: not on other ranks, not in worker processes that re-import the tool
     first = os.environ.get('RANK', '0') == '0' and os.environ.get('LOCAL_RANK', '0') == '0'
     if first and multiprocessing.parent_process() is None:
