@@ -51,9 +51,11 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$STACK_HASH" ]; then
   "${PIP[@]}" install "${CONSTRAINTS[@]}" "torch==$TORCH"
   # after torch, which would pull setuptools >= 77 (see requirements/build.txt)
   "${PIP[@]}" install "${CONSTRAINTS[@]}" -r "$ROOT/requirements/build.txt"
-  echo "== note: an 'ERROR: pip's dependency resolver ...' line above saying torch requires" \
-    "setuptools>=77 is expected: mmcv's build needs setuptools<70, and torch needs the newer one" \
-    "only to compile extensions (requirements/build.txt)"
+  if [ "$STACK" = current ]; then
+    echo "== note: an 'ERROR: pip's dependency resolver ...' line above saying torch requires" \
+      "setuptools>=77 is expected: mmcv's build needs setuptools<70, and torch needs the newer" \
+      "one only to compile extensions (requirements/build.txt)"
+  fi
   # CUDA ops when torch sees a GPU: stops here, before the build, if nvcc is missing
   mmrobust_cuda_env "$VENV/bin/python" || exit 1
   # mmcv's setup.py imports torch to compile its ops, hence no build isolation. pip caches the

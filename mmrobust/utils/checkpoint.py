@@ -13,6 +13,7 @@ mmrobust's) is enforced by a restricted unpickler: the same files load, the same
 ``load_from``, ``--resume``, ``init_cfg=dict(type='Pretrained', ...)`` and ``load_checkpoint`` all
 use it.
 """
+import _codecs
 import _compat_pickle
 import argparse
 import os.path as osp
@@ -60,9 +61,11 @@ def _history_buffer_getattr(obj: Any, name: str) -> Any:
         'allowed')
 
 
-# NOTE: argparse.Namespace is how timm-trained checkpoints (e.g. FAN's) store their `args`.
+# NOTE: argparse.Namespace is how timm-trained checkpoints (e.g. FAN's) store their `args`;
+# `_codecs.encode` rebuilds the bytes of numpy arrays pickled with protocol 2 (data, not code:
+# torch >= 2.4 allows it itself, torch 2.1 does not)
 _SAFE_GLOBALS: List[Any] = [HistoryBuffer, argparse.Namespace, *_numpy_globals(),
-                            (_history_buffer_getattr, 'builtins.getattr')]
+                            (_history_buffer_getattr, 'builtins.getattr'), _codecs.encode]
 
 
 def register_safe_globals(*objs: Any) -> None:

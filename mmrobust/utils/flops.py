@@ -52,9 +52,12 @@ def count_flops(fn: Callable[[], Any]) -> int:
 
     # NOTE: torch's counter knows the GPU attention kernels only; without this, the fused CPU
     # attention of FAN / Dr-ViT would count as free while plain-matmul attention would not
-    cpu_attention = {
-        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu:
-            lambda q, k, v, *args, out_shape=None, **kwargs: sdpa_flop_count(q, k, v)}
+    try:
+        fused = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    except (AttributeError, RuntimeError):  # NOTE: torch < 2.2: CPU attention is matmuls, counted
+        fused = None
+    cpu_attention = {} if fused is None else {
+        fused: lambda q, k, v, *args, out_shape=None, **kwargs: sdpa_flop_count(q, k, v)}
     with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=cpu_attention) as counter:
         fn()
     return int(counter.get_total_flops())
