@@ -120,7 +120,8 @@ def test_the_null_distribution_holds_its_tails_whatever_the_images_share(df, rho
     for level in (0.05, 0.05 / 15):
         allowed = level + 3 * np.sqrt(level * (1 - level) / n)
         assert np.mean(p <= level) <= allowed, (level, np.mean(p <= level))
-    assert np.mean(plug_in <= 0.05 / 15) > 1.5 * 0.05 / 15 or rho > 0.2
+    if rho < 0.2:  # where the images' share is small, plugging rho in is too liberal
+        assert np.mean(plug_in <= 0.05 / 15) > 1.5 * 0.05 / 15, np.mean(plug_in <= 0.05 / 15)
 
 
 def _near_threshold(rng, z, images=400):
