@@ -115,8 +115,9 @@ def test_the_wheel_carries_configs_and_tools_and_mim_trains_and_evaluates(toy_da
     """``pip install`` of the built wheel (not -e) into a fresh venv of this stack, then mim.
 
     From a folder outside the checkout: ``mim train mmrobust <toy config>`` for 2 iterations and
-    ``mim run mmrobust test_robustness`` on 2 cells (clean, gaussian noise 1), both from the
-    configs and tools inside the installed package (``mmrobust/.mim``).
+    ``mim run mmrobust test_robustness`` on 2 cells (clean, gaussian noise 1), ``mim test`` of
+    the checkpoint and ``mim search``, all from the configs, tools and model index inside the
+    installed package (``mmrobust/.mim``).
     """
     source = _copy_checkout(tmp_path / 'src')
     _run([sys.executable, '-m', 'pip', 'wheel', '--no-deps', '--no-build-isolation', '-q',
@@ -153,3 +154,11 @@ def test_the_wheel_carries_configs_and_tools_and_mim_trains_and_evaluates(toy_da
     results = json.loads((work / 'r' / 'results.json').read_text())
     assert {c: sorted(s) for c, s in results['cells'].items()} == {
         'clean': ['0'], 'gaussian_noise': ['1']}, run.stdout[-2000:]
+    # mim test: the installed tools/test.py on the toy val set, the config found by its name
+    test = _run([*mim, 'test', 'mmrobust', 'mask-rcnn_r18_fpn_toy-coco.py', '--checkpoint',
+                 'w/iter_2.pth', '--gpus', '0', '--work-dir', 't'], cwd=work)
+    assert '.mim/tools/test.py' in test.stdout, test.stdout[-2000:]
+    assert 'coco/bbox_mAP' in test.stdout + test.stderr, (test.stdout + test.stderr)[-2000:]
+    # mim search: the model index inside the wheel lists the zoo's configs
+    search = _run([*mim, 'search', 'mmrobust', '--valid-config'], cwd=work).stdout
+    assert 'cascade-mask-rcnn_fan-t-hybrid_fpn_ms-3x_coco' in search, search[-2000:]
