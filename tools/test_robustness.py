@@ -53,6 +53,7 @@ from mmrobust.datasets.shift_sets import (
 )
 from mmrobust.engine.hooks.strict_load import strict_load_outcome
 from mmrobust.evaluation import RobustnessOptions, evaluate_robustness, results_lock
+from mmrobust.evaluation.attack_families import attack_families
 from mmrobust.evaluation.attacks import attack_names, attack_plan
 from mmrobust.evaluation.coco_metric import COCO_BACKENDS, DEFAULT_ROBUSTNESS_BACKEND
 from mmrobust.evaluation.overlapped_loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH
@@ -64,6 +65,9 @@ from mmrobust.utils import explain_registry_errors
 
 def parse_args() -> argparse.Namespace:
     """The command line."""
+    families = attack_families()  # the registered rows, a user's own among them
+    seg_only = ' / '.join(f.name for f in families if f.segmentation_only)
+    starts = ', '.join(f'{"on" if f.random_start else "off"} for {f.name}' for f in families)
     parser = argparse.ArgumentParser(
         description=__doc__.split('\n')[0], epilog=__doc__.split('\n\n', 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -133,7 +137,8 @@ def parse_args() -> argparse.Namespace:
                              f'{", ".join(SHIFT_FAMILIES)}')
     parser.add_argument('--attacks', nargs='+', default=None, metavar='ATTACK',
                         help='white-box attack cells, each at every --epsilons: '
-                             f'{", ".join(attack_names())} (segpgd / cospgd: segmentors); '
+                             f'{", ".join(attack_names())} ({seg_only}: '
+                             'segmentors); '
                              'without --protocol / --corruptions only these cells run')
     parser.add_argument('--epsilons', nargs='+', default=None, metavar='EPS',
                         help='attack budgets in [0, 1] RGB pixel units, e.g. 1/255 8/255 '
@@ -144,7 +149,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--attack-random-start', nargs='?', const='on', default=None,
                         choices=('on', 'off'),
                         help='start from a uniform point of the epsilon-ball (default: each '
-                             "attack's paper: off for fgsm, on for pgd, segpgd and cospgd)")
+                             f"attack's paper: {starts})")
     parser.add_argument('--attack-restarts', type=int, default=1,
                         help='random restarts (needs the random start); the strongest kept, '
                              'per image')

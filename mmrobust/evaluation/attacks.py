@@ -42,10 +42,10 @@ from ..models.data_preprocessors import PixelSpace, valid_mask
 from ..models.utils import unwrap_model
 from ..utils.config_checks import leaf_datasets
 from ..utils.errors import MMRobustError, UsageError
+from .attack_families import ATTACK_FAMILIES, AttackFamily
 from .cells import (
     ATTACKS,
     NORMS,
-    SEGMENTATION_ONLY,
     annotations_after_resize,
     attack_names,
     gt_at_file_scale,
@@ -58,12 +58,6 @@ __all__ = ['ATTACKS', 'NORMS', 'Attack', 'AttackError', 'AttackLossError', 'Atta
            'attack_batch', 'attack_cells', 'attack_loss', 'attack_names', 'attack_of_cell',
            'attack_plan', 'check_attack_pipeline', 'gt_at_file_scale', 'is_attack_cell',
            'parse_epsilon', 'transform_names']
-
-#: whether each family starts from a random point of the ε-ball by default, as its paper does:
-#: FGSM steps from the image (Goodfellow et al. 2015); PGD (Madry et al. 2018), SegPGD (Gu et
-#: al. 2022) and CosPGD (Agnihotri et al. 2024) start from a uniform point of the ball
-RANDOM_START = {'fgsm': False, 'pgd': True, 'segpgd': True, 'cospgd': True}
-
 
 class AttackError(UsageError):
     """An attack that cannot run as asked.
@@ -99,15 +93,16 @@ class Attack:
     """One attack setting.
 
     Args:
-        name: ``fgsm``, ``pgd``, ``segpgd`` or ``cospgd``.
+        name: a registered family (:data:`~.attack_families.ATTACK_FAMILIES`): ``fgsm``,
+            ``pgd``, ``segpgd``, ``cospgd``, ...
         norm: ``linf`` (``eps`` and the step per pixel value) or ``l2`` (norms over the image's
             own area, all three channels).
         eps: the budget in RGB [0, 1] pixel units; 0 gives the clean images back unchanged.
-        steps: iterations (FGSM: 1).
-        step_size: the step; default ``eps`` for FGSM, else ``2.5 * eps / steps`` (Madry et
-            al.: the budget's boundary reachable from anywhere inside it).
+        steps: iterations (a family with fixed steps, FGSM's 1, keeps its own).
+        step_size: the step; default the family's (``eps`` for FGSM, else ``2.5 * eps /
+            steps``, Madry et al.: the budget's boundary reachable from anywhere inside it).
         random_start: start from a uniform point of the ε-ball; None: the family's default
-            (:data:`RANDOM_START`, the papers').
+            (its paper's).
         restarts: runs from new random starts; the one with the highest final loss is kept,
             per image.
         seed: seeds the random starts and the detectors' proposal samplers.
@@ -123,14 +118,15 @@ class Attack:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.name not in ATTACKS or self.norm not in NORMS:
+        family = ATTACK_FAMILIES.get(self.name)
+        if family is None or self.norm not in family.norms:
             raise AttackError(f'unknown attack {self.label!r}; choose from '
                               f'{", ".join(attack_names())}')
         parse_epsilon(self.eps)
         if self.random_start is None:
-            object.__setattr__(self, 'random_start', RANDOM_START[self.name])
-        if self.name == 'fgsm' and self.steps != 1:
-            object.__setattr__(self, 'steps', 1)
+            object.__setattr__(self, 'random_start', family.random_start)
+        if family.steps is not None and self.steps != family.steps:
+            object.__setattr__(self, 'steps', family.steps)
         if self.steps < 1 or self.restarts < 1:
             raise AttackError(f'{self.label}: steps and restarts must be >= 1, got '
                               f'{self.steps} and {self.restarts}')
@@ -138,7 +134,7 @@ class Attack:
                                            or self.step_size <= 0):
             raise AttackError(f'{self.label}: step_size must be > 0, got {self.step_size}')
         if self.restarts > 1 and not self.random_start:
-            default = 'on' if RANDOM_START[self.name] else 'off'
+            default = 'on' if family.random_start else 'off'
             raise AttackError(f'{self.label}: restarts without random_start repeat the same '
                               'attack; add random_start (--attack-random-start on; '
                               f'{self.name}\'s default is {default})')
@@ -155,15 +151,20 @@ class Attack:
         return f'{self.name}_{self.norm}'
 
     @property
+    def family(self) -> AttackFamily:
+        """Its family's row."""
+        return ATTACK_FAMILIES[self.name]
+
+    @property
     def alpha(self) -> float:
-        """The step size: as set, else eps for FGSM and 2.5 eps / steps for PGD."""
+        """The step size: as set, else the family's (eps for FGSM, 2.5 eps / steps for PGD)."""
         if self.step_size is not None:
             return float(self.step_size)
-        return self.eps if self.name == 'fgsm' else 2.5 * self.eps / self.steps
+        return float(self.family.step_size(self.eps, self.steps))
 
     def check_model(self, model: nn.Module) -> None:
         """Raise :class:`AttackError` if this attack is not defined for ``model``."""
-        if self.name in SEGMENTATION_ONLY and not _is_segmentor(model):
+        if self.family.segmentation_only and not _is_segmentor(model):
             raise AttackError(f'{self.label} attacks per-pixel class scores: it is for '
                               f'segmentors (mmseg), and {type(model).__name__} is not one; use '
                               f'pgd_{self.norm} for detectors')
@@ -342,22 +343,17 @@ def _seg_loss(name: str, model: nn.Module, inputs: torch.Tensor, samples: Sequen
     """The mean per-pixel cross-entropy of the scored predictor over the labelled pixels.
 
     Plain (FGSM, PGD, and every attack's final loss: ``step`` None), or weighted per pixel by
-    SegPGD's or CosPGD's rule at iteration ``step`` (from 0) of ``steps``.
+    the ``pixel_weight`` of family ``name`` (SegPGD's, CosPGD's) at iteration ``step`` (from 0)
+    of ``steps``.
     """
+    family = ATTACK_FAMILIES[name]
     ce, logits, labels = _per_pixel_ce(model, inputs, samples)
     valid = labels >= 0
     count = valid.sum().clamp_min(1)
-    if step is None or name not in SEGMENTATION_ONLY:
+    if step is None or family.pixel_weight is None:
         return (ce * valid).sum() / count
     with torch.no_grad():
-        if name == 'segpgd':  # NOTE: λ grows from 0 to ½ over the iterations (the paper's)
-            lam = step / (2 * steps)
-            correct = logits.argmax(1) == labels
-            weight = torch.where(correct, 1 - lam, lam)
-        else:  # cospgd, the ICML 2024 version: cos(softmax, one-hot) = p_y / ‖p‖
-            prob = logits.softmax(1)
-            p_true = prob.gather(1, labels.clamp_min(0)[:, None])[:, 0]
-            weight = p_true / prob.norm(dim=1).clamp_min(1e-12)
+        weight = family.pixel_weight(logits, labels, step, steps)
     return (ce * weight * valid).sum() / count
 
 
@@ -478,14 +474,14 @@ def _attack_image(module: nn.Module, image: _Image, attack: Attack, space: Pixel
             gen = torch.Generator().manual_seed(_seed(attack, image.key, restart))
             start = adversarial.random_start(attack.norm, attack.eps, mask[0], gen)
             delta = adversarial.project(start[None], attack.eps, attack.norm, x0, mask)
-        losses = []
+        losses, state = [], {}  # state: the update rule's, across this restart's steps
         for step in range(attack.steps):
             with _seeded(_seed(attack, image.key, restart, step), x.device):
                 grad, loss = adversarial.input_gradient(
                     lambda pixels: objective(pixels, step), x0 + delta)
             losses.append(loss)
             nonfinite += int(not bool(adversarial.finite_images(grad).all()))
-            move = adversarial.step_direction(grad, attack.norm, mask)
+            move = attack.family.update(grad, attack.norm, mask, state)
             delta = adversarial.project(delta + attack.alpha * move, attack.eps, attack.norm, x0,
                                         mask)
         with torch.no_grad(), _seeded(_seed(attack, image.key, restart, attack.steps), x.device):

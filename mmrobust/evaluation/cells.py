@@ -2,12 +2,12 @@
 
 A cell is ``(name, index)``: the clean test set ``(clean, 0)``, a corruption at a severity
 ``(fog, 3)``, an attack at its k-th budget ``(pgd_linf, 2)``, or the per-image worst case over
-the attacks ``(worst, 2)``. This module names them (without importing torch), edits a test
-pipeline for a cell (the image-loading step found by type; the corruption right after it, or a
-stored set's path mapped before it) and builds a cell's dataloader config. Where a cell's
-images come from is a :class:`CellSource`: corrupted on the fly from ``seed`` and the channel
-order, or read from a stored set under ``corrupted_root`` (its layout:
-:func:`mmrobust.corruptions.stored.cell_folder`).
+the attacks ``(worst, 2)``. This module names them (the attack families are rows of
+:mod:`.attack_families`), edits a test pipeline for a cell (the image-loading step found by
+type; the corruption right after it, or a stored set's path mapped before it) and builds a
+cell's dataloader config. Where a cell's images come from is a :class:`CellSource`: corrupted
+on the fly from ``seed`` and the channel order, or read from a stored set under
+``corrupted_root`` (its layout: :func:`mmrobust.corruptions.stored.cell_folder`).
 """
 import copy
 import os.path as osp
@@ -20,6 +20,7 @@ from ..corruptions.stored import cell_folder, cell_image_path
 from ..datasets.shift_sets import is_shift_cell, shift_dataset
 from ..utils.config_checks import leaf_datasets
 from ..utils.errors import InputNotFoundError, MMRobustError
+from .attack_families import ATTACK_FAMILIES, NORMS
 
 __all__ = ['ATTACKS', 'CLEAN', 'NORMS', 'SEGMENTATION_ONLY', 'WORST', 'Cell', 'CellSource',
            'PipelineError', 'annotations_after_resize', 'attack_names', 'cell_dataloader',
@@ -31,18 +32,18 @@ __all__ = ['ATTACKS', 'CLEAN', 'NORMS', 'SEGMENTATION_ONLY', 'WORST', 'Cell', 'C
 Cell = Tuple[str, int]
 #: the clean test set's cell name (severity 0)
 CLEAN = 'clean'
-#: attack families; each comes in every norm of :data:`NORMS` (``pgd_linf``, ``fgsm_l2``, ...)
-ATTACKS = ('fgsm', 'pgd', 'segpgd', 'cospgd')
-#: the attacks defined on per-pixel class scores: segmentors only
-SEGMENTATION_ONLY = ('segpgd', 'cospgd')
-NORMS = ('linf', 'l2')
+#: the built-in attack families (``pgd_linf``, ``fgsm_l2``, ...); each is a row of
+#: :data:`~.attack_families.ATTACK_FAMILIES`, where families registered later join them
+ATTACKS = tuple(ATTACK_FAMILIES)
+#: the built-in families defined on per-pixel class scores: segmentors only
+SEGMENTATION_ONLY = tuple(f.name for f in ATTACK_FAMILIES.values() if f.segmentation_only)
 #: the per-image worst case over a run's attacks (:mod:`.worst_case`)
 WORST = 'worst'
 
 
 def attack_names() -> List[str]:
-    """Every attack cell name, ``<attack>_<norm>``."""
-    return [f'{a}_{n}' for a in ATTACKS for n in NORMS]
+    """Every attack cell name, ``<family>_<norm>``, of every registered family."""
+    return [name for family in ATTACK_FAMILIES.values() for name in family.cell_names()]
 
 
 def is_corruption_cell(name: str) -> bool:

@@ -5,6 +5,7 @@ input.
 """
 import copy
 import dataclasses
+import json
 import math
 
 import pytest
@@ -13,6 +14,12 @@ from mmengine.config import Config
 from mmengine.registry import MODELS, init_default_scope
 from mmengine.runner import Runner
 
+from mmrobust.evaluation.attack_families import (
+    ATTACK_FAMILIES,
+    AttackFamily,
+    register_attack_family,
+    segpgd_weight,
+)
 from mmrobust.evaluation.attacks import (
     ATTACKS,
     Attack,
@@ -22,6 +29,7 @@ from mmrobust.evaluation.attacks import (
     attack_names,
     parse_epsilon,
 )
+from mmrobust.models import adversarial
 from mmrobust.models.data_preprocessors import PixelSpace, valid_mask
 
 from helpers import REPO
@@ -514,3 +522,71 @@ def test_a_loss_that_fails_on_the_test_data_is_a_failure_not_a_usage_error():
         attacks._task_loss(NoGroundTruth(), torch.zeros(1, 3, 8, 8), [])
     assert err.value.exit_code == 1
     assert 'NoGroundTruth' in str(err.value) and 'LoadAnnotations' in str(err.value)
+
+
+# -- a family added at run time --------------------------------------------------------------------
+
+def _momentum_ascent(grad, norm, mask, state):
+    """MI-FGSM's rule (Dong et al., CVPR 2018): g <- g + grad / ‖grad‖₁, then sign(g)."""
+    state.setdefault('calls', []).append('g' in state)
+    unit = grad * mask / (grad * mask).abs().sum().clamp_min(1e-12)
+    state['g'] = state.get('g', 0) + unit
+    return adversarial.step_direction(state['g'], norm, mask)
+
+
+@pytest.fixture
+def mifgsm():
+    """MI-FGSM registered as a user would, removed again after the test."""
+    calls = []
+
+    def rule(grad, norm, mask, state):
+        out = _momentum_ascent(grad, norm, mask, state)
+        calls.append(state['calls'][-1])
+        return out
+    family = register_attack_family(AttackFamily(
+        'mifgsm', random_start=False, paper='Dong et al., CVPR 2018', update=rule,
+        norms=('linf',)))
+    yield family, calls
+    ATTACK_FAMILIES.pop('mifgsm')
+
+
+def test_a_family_registered_at_run_time_runs_end_to_end(mifgsm, toy_data, tmp_path):
+    """One row and its rule, nothing else: the tool plans, runs, records and reports its cells."""
+    from test_robustness import _init_checkpoint
+
+    from helpers import run_tool_in_process
+    _, calls = mifgsm
+    assert 'mifgsm_linf' in attack_names() and 'mifgsm_l2' not in attack_names()
+    with pytest.raises(AttackError, match="unknown attack 'mifgsm_l2'.*mifgsm_linf"):
+        Attack.from_name('mifgsm_l2', EPS)
+    attack = Attack.from_name('mifgsm_linf', EPS, steps=3)
+    assert attack.random_start is False and attack.alpha == pytest.approx(2.5 * EPS / 3)
+    ckpt = _init_checkpoint(SEG, tmp_path / 'seg.pth')
+    results = tmp_path / 'r.json'
+    status, out, err = run_tool_in_process(
+        'test_robustness.py', SEG, ckpt, '--attacks', 'mifgsm_linf', '--epsilons', '2/255',
+        '--attack-steps', '2', '--results', results, '--work-dir', tmp_path / 'w',
+        '--metric-queue', '0', '--cfg-options', 'test_dataloader.num_workers=0',
+        'test_dataloader.persistent_workers=False')
+    assert status == 0, err[-3000:]
+    data = json.loads(results.read_text())
+    assert set(data['cells']) == {'clean', 'mifgsm_linf'}
+    assert data['attacks']['mifgsm_linf']['settings']['random_start'] is False
+    # each image's two steps: the first without momentum, the second with the first's
+    assert calls and calls[0::2] == [False] * (len(calls) // 2) and all(calls[1::2])
+    assert 'mifgsm_linf' in out
+
+
+def test_a_family_row_is_checked_when_registered():
+    # a segmentation family is PGD with a pixel weighting: without one it would be PGD renamed
+    with pytest.raises(ValueError, match='segmentation-only family needs its pixel_weight'):
+        AttackFamily('segx', random_start=True, paper='-', segmentation_only=True)
+    with pytest.raises(ValueError, match='set segmentation_only=True'):
+        AttackFamily('detx', random_start=True, paper='-', pixel_weight=segpgd_weight)
+    with pytest.raises(ValueError, match='<name>_<norm>'):
+        AttackFamily('my_pgd', random_start=True, paper='-')
+    with pytest.raises(ValueError, match='norms'):
+        AttackFamily('pgdx', random_start=True, paper='-', norms=('l1',))
+    with pytest.raises(ValueError, match="'pgd' is registered already"):
+        register_attack_family(AttackFamily('pgd', random_start=True, paper='-'))
+    assert ATTACKS == ('fgsm', 'pgd', 'segpgd', 'cospgd')
