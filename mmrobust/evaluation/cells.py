@@ -21,6 +21,7 @@ from ..datasets.shift_sets import is_shift_cell, shift_dataset
 from ..utils.config_checks import leaf_datasets
 from ..utils.errors import InputNotFoundError, MMRobustError
 from .attack_families import ATTACK_FAMILIES, NORMS
+from .cell_kinds import ATTACK, CLEAN, CORRUPTION, WORST, kind_of
 
 __all__ = ['ATTACKS', 'CLEAN', 'NORMS', 'SEGMENTATION_ONLY', 'WORST', 'Cell', 'CellSource',
            'PipelineError', 'annotations_after_resize', 'attack_names', 'cell_dataloader',
@@ -30,15 +31,11 @@ __all__ = ['ATTACKS', 'CLEAN', 'NORMS', 'SEGMENTATION_ONLY', 'WORST', 'Cell', 'C
 
 #: a cell: (corruption, attack or ``clean``, severity or budget index)
 Cell = Tuple[str, int]
-#: the clean test set's cell name (severity 0)
-CLEAN = 'clean'
 #: the built-in attack families (``pgd_linf``, ``fgsm_l2``, ...); each is a row of
 #: :data:`~.attack_families.ATTACK_FAMILIES`, where families registered later join them
 ATTACKS = tuple(ATTACK_FAMILIES)
 #: the built-in families defined on per-pixel class scores: segmentors only
 SEGMENTATION_ONLY = tuple(f.name for f in ATTACK_FAMILIES.values() if f.segmentation_only)
-#: the per-image worst case over a run's attacks (:mod:`.worst_case`)
-WORST = 'worst'
 
 
 def attack_names() -> List[str]:
@@ -47,20 +44,19 @@ def attack_names() -> List[str]:
 
 
 def is_corruption_cell(name: str) -> bool:
-    """Whether a results cell is a corruption's.
+    """Whether a results cell is a corruption's (:data:`~.cell_kinds.CORRUPTION`).
 
-    What mPC averages over (not the clean set, an attack's or a real-world shift's,
-    :mod:`~mmrobust.datasets.shift_sets`).
+    What mPC averages over. A name no kind owns raises :class:`~.cell_kinds.UnknownCellError`.
     """
-    return name != CLEAN and not is_attack_cell(name) and not is_shift_cell(name)
+    return kind_of(name) is CORRUPTION
 
 
 def is_attack_cell(name: str) -> bool:
-    """Whether a results cell is an attack's.
+    """Whether a results cell is an attack's (:data:`~.cell_kinds.ATTACK`).
 
     ``pgd_linf``, ..., and the per-image worst case over them, :data:`WORST`. Not a corruption's.
     """
-    return name in attack_names() or name == WORST
+    return ATTACK.owns(name)
 
 
 class PipelineError(MMRobustError, ValueError):

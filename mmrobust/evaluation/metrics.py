@@ -9,7 +9,7 @@ corruption weighs the same whatever its number of severities.
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..corruptions import CORRUPTIONS, PROTOCOL_CATEGORIES, Protocol
-from .cells import CLEAN, is_corruption_cell
+from .cell_kinds import CLEAN, counts_in_mpc
 
 __all__ = ['CLEAN', 'Cells', 'mean_over_corruptions', 'robustness_summary']
 
@@ -60,7 +60,7 @@ def robustness_summary(cells: Cells, protocol: Optional[Protocol] = None) -> Dic
 
     # NOTE: attack and shift cells are not corruptions
     wanted = protocol.cells() if protocol is not None else [
-        (c, int(s)) for c, sevs in cells.items() if is_corruption_cell(c) for s in sevs]
+        (c, int(s)) for c, sevs in cells.items() if counts_in_mpc(c) for s in sevs]
     present = [(c, s, get(c, s)) for c, s in wanted if get(c, s) is not None]
     missing = [(c, s) for c, s in wanted if get(c, s) is None]
     clean = get(CLEAN, 0) or {}

@@ -20,7 +20,7 @@ from typing_extensions import override
 from ..corruptions import CORRUPTIONS
 from ..utils.errors import InputNotFoundError, MMRobustError, UsageError
 from ..utils.io import ResultsStore
-from .cells import CLEAN, is_corruption_cell
+from .cell_kinds import CLEAN, counts_in_mpc
 
 __all__ = ['RESULTS_FORMAT', 'IDENTITY_KEYS', 'LEGACY_IDENTITY_KEYS', 'INFO_KEYS', 'SHIFTS_KEY',
            'RobustnessResults', 'ShardError', 'ShardSpecError', 'NotAResultsFileError',
@@ -260,9 +260,9 @@ def corruption_cells(results: Mapping) -> List[Tuple[str, int]]:
     else, for results without a plan, every recorded one.
     """
     if results.get('cells_planned'):
-        return [c for c in planned_cells(results) if is_corruption_cell(c[0])]
+        return [c for c in planned_cells(results) if counts_in_mpc(c[0])]
     return [(c, int(s)) for c, sevs in results.get('cells', {}).items()
-            if is_corruption_cell(c) for s in sevs]
+            if counts_in_mpc(c) for s in sevs]
 
 
 # -- reading ---------------------------------------------------------------------------------------

@@ -152,8 +152,8 @@ def cell_stats(results_path: str, results: Mapping) -> CellStats:
             f'{len(stats.missing)} cell(s) have no per-image statistics in '
             f'{folders[0]} (a run with --no-per-image-stats, an mmrobust before them, or a '
             'metric that keeps none)')
-    from ..datasets.shift_sets import is_shift_cell
-    for cell in [c for c in found if is_shift_cell(c[0])]:  # NOTE: a set of its own images
+    from .cell_kinds import kind_of
+    for cell in [c for c in found if kind_of(c[0]).own_images]:
         scorers = found.pop(cell)
         own = sorted({i for s in scorers for i in s.images})
         position = {name: k for k, name in enumerate(own)}
@@ -306,8 +306,8 @@ def corruption_errors(cells: Mapping, reference: Mapping, metric: str,
             raise KeyError(f'{corruption} {severity}')
         return float(scores[metric])
 
-    from .cells import is_corruption_cell
-    names = corruptions or [c for c in cells if is_corruption_cell(c)]
+    from .cell_kinds import counts_in_mpc
+    names = corruptions or [c for c in cells if counts_in_mpc(c)]
     per: Dict[str, Dict[str, float]] = {}
     missing: List[str] = []
     warnings: List[str] = []
