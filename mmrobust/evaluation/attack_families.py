@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..models import adversarial
+from ..utils.tables import RowTable
 
 __all__ = ['ATTACK_FAMILIES', 'NORMS', 'AttackFamily', 'PixelWeight', 'UpdateRule',
            'attack_families', 'cospgd_weight', 'madry_step_size', 'one_step_size',
@@ -116,16 +117,12 @@ class AttackFamily:
 
 
 #: the families by name, in registration order (the tool's and the report's order)
-ATTACK_FAMILIES: Dict[str, AttackFamily] = {}
+ATTACK_FAMILIES: Dict[str, AttackFamily] = RowTable('attack family')
 
 
 def register_attack_family(family: AttackFamily, force: bool = False) -> AttackFamily:
     """Add ``family`` to :data:`ATTACK_FAMILIES` (``force``: replace one of its name)."""
-    if family.name in ATTACK_FAMILIES and not force:
-        raise ValueError(f'attack family {family.name!r} is registered already '
-                         '(force=True replaces it)')
-    ATTACK_FAMILIES[family.name] = family
-    return family
+    return ATTACK_FAMILIES.add(family, force)
 
 
 def attack_families() -> List[AttackFamily]:

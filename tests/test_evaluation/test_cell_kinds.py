@@ -30,8 +30,7 @@ LEGACY = REPO / 'tests/data/legacy_results/robustness_1d1a892.json'
 @pytest.fixture
 def occlusion():
     """A kind of cell added as a user would (occlusion patches), removed after the test."""
-    kind = register_cell_kind(CellKind('occlusion', 'occlusion',
-                                       lambda name: name.startswith('occlusion_')))
+    kind = register_cell_kind(CellKind('occlusion', lambda name: name.startswith('occlusion_')))
     yield kind
     CELL_KINDS.pop('occlusion')
 
@@ -67,11 +66,11 @@ def test_a_registered_kind_and_family_are_found_and_left_out_of_mpc(occlusion):
     finally:
         ATTACK_FAMILIES.pop('mifgsmx')
     with pytest.raises(ValueError, match='registered already'):
-        register_cell_kind(CellKind('shift', 'x', lambda name: False))
+        register_cell_kind(CellKind('shift', lambda name: False))
 
 
 def test_two_kinds_claiming_a_name_is_an_error(occlusion):
-    register_cell_kind(CellKind('fog_patches', 'x', lambda name: name in ('fog', 'occlusion_1')))
+    register_cell_kind(CellKind('fog_patches', lambda name: name in ('fog', 'occlusion_1')))
     try:
         with pytest.raises(UnknownCellError, match="'fog' is more than one kind's "
                                                    r'\(corruption, fog_patches\)'):

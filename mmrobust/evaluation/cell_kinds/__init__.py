@@ -13,6 +13,7 @@ from typing import Callable, Dict
 from ...corruptions.protocols import CORRUPTIONS
 from ...datasets.shift_sets import SHIFT_SETS
 from ...utils.errors import MMRobustError
+from ...utils.tables import RowTable
 from ..attack_families import ATTACK_FAMILIES
 
 __all__ = ['ATTACK', 'CELL_KINDS', 'CLEAN', 'CLEAN_SET', 'CORRUPTION', 'SHIFT', 'WORST',
@@ -34,30 +35,24 @@ class CellKind:
 
     Args:
         name: the kind's name (``corruption``).
-        title: what a report calls its cells (``real-world shift``).
         owns: whether a cell name is one of this kind's.
         counts_in_mpc: mPC averages over its cells (the corruptions only).
         own_images: its cells are another image set than the clean test set's.
     """
 
     name: str
-    title: str
     owns: Callable[[str], bool]
     counts_in_mpc: bool = False
     own_images: bool = False
 
 
 #: the kinds by name, in run order
-CELL_KINDS: Dict[str, CellKind] = {}
+CELL_KINDS: Dict[str, CellKind] = RowTable('cell kind')
 
 
 def register_cell_kind(kind: CellKind, force: bool = False) -> CellKind:
     """Add ``kind`` to :data:`CELL_KINDS`, after those registered before it."""
-    if kind.name in CELL_KINDS and not force:
-        raise ValueError(f'cell kind {kind.name!r} is registered already (force=True replaces '
-                         'it)')
-    CELL_KINDS[kind.name] = kind
-    return kind
+    return CELL_KINDS.add(kind, force)
 
 
 def kind_of(name: str) -> CellKind:
@@ -86,9 +81,8 @@ def _is_attack(name: str) -> bool:
     return name == WORST or (family in ATTACK_FAMILIES and norm in ATTACK_FAMILIES[family].norms)
 
 
-CLEAN_SET = register_cell_kind(CellKind('clean', 'clean', lambda name: name == CLEAN))
-CORRUPTION = register_cell_kind(CellKind('corruption', 'corruption',
-                                         lambda name: name in CORRUPTIONS, counts_in_mpc=True))
-ATTACK = register_cell_kind(CellKind('attack', 'white-box attack', _is_attack))
-SHIFT = register_cell_kind(CellKind('shift', 'real-world shift', lambda name: name in SHIFT_SETS,
-                                    own_images=True))
+CLEAN_SET = register_cell_kind(CellKind('clean', lambda name: name == CLEAN))
+CORRUPTION = register_cell_kind(CellKind('corruption', lambda name: name in CORRUPTIONS,
+                                         counts_in_mpc=True))
+ATTACK = register_cell_kind(CellKind('attack', _is_attack))
+SHIFT = register_cell_kind(CellKind('shift', lambda name: name in SHIFT_SETS, own_images=True))
