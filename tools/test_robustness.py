@@ -43,12 +43,10 @@ from mmrobust.apis import (
     parse_launch_args,
 )
 from mmrobust.corruptions import Protocol, resolve_protocol
-from mmrobust.corruptions.stored import read_stored_set, stored_settings
 from mmrobust.datasets.shift_sets import (
     SHIFT_BUNDLES,
     SHIFT_FAMILIES,
     SHIFT_SETS,
-    check_shift_root,
     parse_shifts,
 )
 from mmrobust.engine.hooks.strict_load import strict_load_outcome
@@ -173,12 +171,6 @@ def _shift_roots(items) -> dict:
 def main() -> None:
     """Evaluate the robustness cells and write the results file."""
     args = parse_args()
-    if args.metric_queue < 0:
-        raise UsageError(f'--metric-queue must be 0 (serial) or more, got {args.metric_queue}')
-    for name in ('post_process_queue', 'prefetch'):
-        if getattr(args, name) < 0:
-            raise UsageError(f'--{name.replace("_", "-")} must be 0 (in the loop) or more, '
-                             f'got {getattr(args, name)}')
     shard = parse_shard(args.shard) if args.shard else None
     attacks = attack_plan(args.attacks or (), args.epsilons, args.attack_steps,
                           args.attack_step_size,
@@ -188,18 +180,23 @@ def main() -> None:
     if args.epsilons and not attacks:
         raise UsageError('--epsilons needs --attacks (e.g. --attacks pgd_linf)')
     shifts = parse_shifts(args.shifts) if args.shifts else None
-    shift_roots = _shift_roots(args.shift_root)
-    for name, level in shifts or ():  # NOTE: a missing or mis-laid set stops before any build
-        check_shift_root(name, level, shift_roots)
     if (attacks or shifts) and args.protocol is None and args.corruptions is None:
         protocol = Protocol('attacks' if attacks else 'shifts',
                             'adversarial cells only' if attacks and not shifts else
                             'the cells asked for only', {})
     else:
         protocol = resolve_protocol(args.protocol, args.corruptions, args.severities)
-    if args.corrupted_root:  # NOTE: a half-written or mismatching set stops before any build
-        stored_settings(args.corrupted_root, read_stored_set(args.corrupted_root), args.seed,
-                        args.bgr_compat)
+    options = RobustnessOptions(
+        seed=args.seed, bgr_compat=args.bgr_compat, corrupted_root=args.corrupted_root,
+        checkpoint=args.checkpoint, save_predictions=args.save_predictions,
+        coco_backend=args.coco_backend, metric_queue=args.metric_queue,
+        one_pass=not args.per_cell_loaders, shard=shard,
+        post_process_queue=args.post_process_queue, prefetch=args.prefetch, attacks=attacks,
+        per_image=not args.no_per_image_stats, shifts=shifts,
+        shift_roots=_shift_roots(args.shift_root))
+    # NOTE: once, before any build: a bad queue depth, a half-written or mismatching stored
+    # set, a missing or mis-laid shift set; evaluate_robustness reuses the result
+    options.validated(protocol)
     cfg = Config.fromfile(args.config)
     cfg = apply_common_args(cfg, args.config, args.launcher, args.work_dir, args.cfg_options)
     cfg = apply_test_args(cfg, args.checkpoint)
@@ -211,14 +208,8 @@ def main() -> None:
     with explain_registry_errors(), results_lock(results_path, args.wait):
         runner.call_hook('before_run')
         runner.load_or_resume()  # the checkpoint, once for all cells
-        results = evaluate_robustness(runner, cfg, protocol, results_path, RobustnessOptions(
-            seed=args.seed, bgr_compat=args.bgr_compat, corrupted_root=args.corrupted_root,
-            checkpoint=args.checkpoint, save_predictions=args.save_predictions,
-            checkpoint_load=strict_load_outcome(runner), coco_backend=args.coco_backend,
-            metric_queue=args.metric_queue, one_pass=not args.per_cell_loaders, shard=shard,
-            post_process_queue=args.post_process_queue, prefetch=args.prefetch,
-            attacks=attacks, per_image=not args.no_per_image_stats, shifts=shifts,
-            shift_roots=shift_roots))
+        options.checkpoint_load = strict_load_outcome(runner)  # NOTE: recorded, not checked
+        results = evaluate_robustness(runner, cfg, protocol, results_path, options)
         runner.call_hook('after_run')
         if runner.rank == 0:
             label = osp.splitext(osp.basename(args.config))[0]

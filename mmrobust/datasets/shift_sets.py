@@ -37,8 +37,8 @@ from ..utils.errors import InputNotFoundError, UsageError
 
 __all__ = ['SHIFT_FAMILIES', 'SHIFT_SETS', 'SHIFT_BUNDLES', 'SHIFT_MEANS', 'ShiftFamily',
            'ShiftSet', 'ShiftDatasetError', 'UnknownShiftError', 'check_shift_root',
-           'is_shift_cell', 'parse_shifts', 'shift_ann_file', 'shift_dataset', 'shift_identity',
-           'shift_label']
+           'check_shift_task', 'is_shift_cell', 'parse_shifts', 'shift_ann_file', 'shift_dataset',
+           'shift_identity', 'shift_label']
 
 
 class UnknownShiftError(UsageError):
@@ -230,6 +230,19 @@ def _layout_error(name: str, level: int, root: str, what: str) -> ShiftDatasetEr
         f'your copy with --shift-root {family.name}=PATH (default {family.default_root}).')
 
 
+def check_shift_task(name: str, task: str) -> None:
+    """Check that a shift set is for the config's task (``detection`` or ``segmentation``).
+
+    Raises:
+        UsageError: it is for the other task.
+    """
+    family = SHIFT_FAMILIES[SHIFT_SETS[name].family]
+    if task != family.task:
+        raise UsageError(f'shift {name} is a {family.task} set (labels of '
+                         f'{"Cityscapes" if family.task == "segmentation" else "COCO"}); the '
+                         f'config is a {task} one')
+
+
 def check_shift_root(name: str, level: int, roots: Optional[Mapping[str, str]] = None,
                      task: Optional[str] = None) -> None:
     """Check that a shift cell's root holds its published layout.
@@ -243,10 +256,8 @@ def check_shift_root(name: str, level: int, roots: Optional[Mapping[str, str]] =
     """
     shift = SHIFT_SETS[name]
     family = SHIFT_FAMILIES[shift.family]
-    if task is not None and task != family.task:
-        raise UsageError(f'shift {name} is a {family.task} set (labels of '
-                         f'{"Cityscapes" if family.task == "segmentation" else "COCO"}); the '
-                         f'config is a {task} one')
+    if task is not None:
+        check_shift_task(name, task)
     root = _root(shift.family, roots)
     if not osp.isdir(root):
         raise _layout_error(name, level, root, f'{root} does not exist')

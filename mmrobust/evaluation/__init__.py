@@ -1,6 +1,7 @@
 """Robustness evaluation (corruption cells, results files), its metrics and its reports."""
 from ..utils.io import ResultsMismatchError
 from .background import MetricWorkerError
+from .cell_kinds import shift as _kinds  # noqa: F401  (registers the built-in kinds, in run order)
 from .cells import CLEAN, PipelineError, cell_dataloader, find_loading_step
 from .coco_metric import COCO_BACKENDS, RobustCocoMetric, coco_backend
 from .dump import DumpRobustPredictions

@@ -49,14 +49,13 @@ from .cells import (
     annotations_after_resize,
     attack_names,
     gt_at_file_scale,
-    is_attack_cell,
     transform_names,
 )
 
 __all__ = ['ATTACKS', 'NORMS', 'Attack', 'AttackError', 'AttackLossError', 'AttackResult',
            'annotations_after_resize',
            'attack_batch', 'attack_cells', 'attack_loss', 'attack_names', 'attack_of_cell',
-           'attack_plan', 'check_attack_pipeline', 'gt_at_file_scale', 'is_attack_cell',
+           'attack_plan', 'check_attack_pipeline', 'gt_at_file_scale',
            'parse_epsilon', 'transform_names']
 
 class AttackError(UsageError):

@@ -11,9 +11,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from mmengine.config import Config
 
-from ..datasets.shift_sets import is_shift_cell, shift_ann_file
 from ..utils.config_checks import leaf_datasets
-from .cells import Cell
+from .cell_kinds import Cell, RunSpec, kind_of
 from .coco_metric import (
     DEFAULT_ROBUSTNESS_BACKEND,
     is_coco_metric,
@@ -114,16 +113,17 @@ class CellEvaluators:
     """Each cell's evaluator config.
 
     The config's, its COCO backend chosen, FastIoU for IoU, per-image statistics on, its outputs
-    made the cell's own, and the predictions dump; a detection shift cell's COCO metrics score
-    against its set's annotation file.
+    made the cell's own, what the cell's kind changes (a detection shift cell's COCO metrics
+    score against its set's annotation file: :meth:`~.cell_kinds.CellKind.evaluator`), and the
+    predictions dump.
     """
     evaluator: Any
     backends: List[str]
     save_predictions: Optional[str]
-    shift_roots: Optional[Dict[str, str]] = None
+    spec: Optional[RunSpec] = None
 
     @classmethod
-    def build(cls, cfg: Config, opts: Any) -> 'CellEvaluators':
+    def build(cls, cfg: Config, opts: Any, spec: Optional[RunSpec] = None) -> 'CellEvaluators':
         """The cells' evaluators of ``cfg`` with the run's options (backend chosen here)."""
         # NOTE: an unknown or missing backend stops here, before any inference
         evaluator, backends = select_coco_backend(copy.deepcopy(cfg.test_evaluator),
@@ -133,16 +133,13 @@ class CellEvaluators:
             for entry in metric_entries(evaluator):
                 if entry.get('type') in ('RobustCocoMetric', 'FastIoUMetric'):
                     entry['per_image'] = True
-        return cls(evaluator, list(backends), opts.save_predictions, opts.shift_roots)
+        return cls(evaluator, list(backends), opts.save_predictions, spec)
 
     def __call__(self, cell: Cell) -> Tuple[Any, List[Dict]]:
         """The evaluator config of a cell and its metric configs, in the evaluator's order."""
         evaluator = cell_metric_outputs(copy.deepcopy(self.evaluator), cell)
-        ann = shift_ann_file(*cell, self.shift_roots) if is_shift_cell(cell[0]) else None
-        if ann:
-            for entry in metric_entries(evaluator):
-                if is_coco_metric(entry):
-                    entry['ann_file'] = ann
+        if self.spec is not None:
+            evaluator = kind_of(cell[0]).evaluator(evaluator, cell, self.spec)
         if self.save_predictions:
             evaluator = list(evaluator) if isinstance(evaluator, (list, tuple)) else [evaluator]
             evaluator.append(dict(type='DumpRobustPredictions', out_file_path=(

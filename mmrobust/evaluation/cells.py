@@ -12,25 +12,22 @@ on the fly from ``seed`` and the channel order, or read from a stored set under
 import copy
 import os.path as osp
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from mmengine.config import Config, ConfigDict
 
 from ..corruptions.stored import cell_folder, cell_image_path
-from ..datasets.shift_sets import is_shift_cell, shift_dataset
+from ..datasets.shift_sets import shift_dataset
 from ..utils.config_checks import leaf_datasets
 from ..utils.errors import InputNotFoundError, MMRobustError
 from .attack_families import ATTACK_FAMILIES, NORMS
-from .cell_kinds import ATTACK, CLEAN, CORRUPTION, WORST, kind_of
+from .cell_kinds import CLEAN, WORST, Cell
 
 __all__ = ['ATTACKS', 'CLEAN', 'NORMS', 'SEGMENTATION_ONLY', 'WORST', 'Cell', 'CellSource',
            'PipelineError', 'annotations_after_resize', 'attack_names', 'cell_dataloader',
            'check_stored_leaves', 'check_stored_paths', 'find_loading_step', 'gt_at_file_scale',
-           'is_attack_cell', 'is_corruption_cell', 'is_shift_cell', 'shift_dataloader',
-           'transform_names']
+           'shift_dataloader', 'transform_names']
 
-#: a cell: (corruption, attack or ``clean``, severity or budget index)
-Cell = Tuple[str, int]
 #: the built-in attack families (``pgd_linf``, ``fgsm_l2``, ...); each is a row of
 #: :data:`~.attack_families.ATTACK_FAMILIES`, where families registered later join them
 ATTACKS = tuple(ATTACK_FAMILIES)
@@ -41,22 +38,6 @@ SEGMENTATION_ONLY = tuple(f.name for f in ATTACK_FAMILIES.values() if f.segmenta
 def attack_names() -> List[str]:
     """Every attack cell name, ``<family>_<norm>``, of every registered family."""
     return [name for family in ATTACK_FAMILIES.values() for name in family.cell_names()]
-
-
-def is_corruption_cell(name: str) -> bool:
-    """Whether a results cell is a corruption's (:data:`~.cell_kinds.CORRUPTION`).
-
-    What mPC averages over. A name no kind owns raises :class:`~.cell_kinds.UnknownCellError`.
-    """
-    return kind_of(name) is CORRUPTION
-
-
-def is_attack_cell(name: str) -> bool:
-    """Whether a results cell is an attack's (:data:`~.cell_kinds.ATTACK`).
-
-    ``pgd_linf``, ..., and the per-image worst case over them, :data:`WORST`. Not a corruption's.
-    """
-    return ATTACK.owns(name)
 
 
 class PipelineError(MMRobustError, ValueError):
@@ -163,14 +144,14 @@ class CellSource:
 
 def cell_dataloader(cfg: Config, corruption: Optional[str], severity: int, seed: int,
                     bgr_compat: bool, corrupted_root: Optional[str]) -> ConfigDict:
-    """The test dataloader config of one cell (``corruption=None``: the clean set).
+    """The test dataloader config of one cell (``corruption`` None or ``clean``: the clean set).
 
     A stored cell reads each sample's image from the stored set (a :class:`StoredCell` step
     before the loading step maps its path, whatever formed it); an on-the-fly cell corrupts it
     right after loading.
     """
     loader = copy.deepcopy(cfg.test_dataloader)
-    if corruption is None:
+    if corruption is None or corruption == CLEAN:
         return loader
     source = CellSource(seed, bgr_compat, corrupted_root)
     source.check_folders([(corruption, severity)])

@@ -32,7 +32,7 @@ from .background import (
     save_cell_predictions,
 )
 from .cell_evaluators import FILE_WRITING_METRICS
-from .cells import CLEAN, Cell
+from .cell_kinds import Cell, kind_of
 from .per_image import StatsTarget, write_cell_stats
 from .results import RobustnessResults, identity_sha256
 
@@ -51,8 +51,8 @@ def numeric(metrics: Dict) -> Dict[str, float]:
 
 
 def cell_label(cell: Cell) -> str:
-    """``fog 3``, or ``clean``."""
-    return f'{cell[0]} {cell[1]}' if cell[0] != CLEAN else CLEAN
+    """``fog 3``, or ``clean``: as the cell's kind names it."""
+    return kind_of(cell[0]).label(cell)
 
 
 def in_thread(fn: Any, poll_s: float, *args: Any) -> Iterator[None]:

@@ -20,13 +20,13 @@ from typing_extensions import override
 from ..corruptions import CORRUPTIONS
 from ..utils.errors import InputNotFoundError, MMRobustError, UsageError
 from ..utils.io import ResultsStore
-from .cell_kinds import CLEAN, counts_in_mpc
+from .cell_kinds import CELL_KINDS, CLEAN, RunSpec, counts_in_mpc
 
 __all__ = ['RESULTS_FORMAT', 'IDENTITY_KEYS', 'LEGACY_IDENTITY_KEYS', 'INFO_KEYS', 'SHIFTS_KEY',
            'RobustnessResults', 'ShardError', 'ShardSpecError', 'NotAResultsFileError',
            'file_sha256', 'evaluation_sha256', 'identity_sha256', 'load_results',
-           'ResultsLayout', 'corruption_cells', 'make_identity', 'merge_results', 'parse_shard',
-           'planned_cells', 'report_dir', 'shard_cells']
+           'ResultsLayout', 'corruption_cells', 'merge_results', 'parse_shard',
+           'planned_cells', 'report_dir', 'run_identity', 'shard_cells']
 
 RESULTS_FORMAT = 'mmrobust-robustness/1'
 #: What must match for a results file to be resumed, or for shards to be merged: every recorded
@@ -125,41 +125,31 @@ def report_dir(results_path: str) -> str:
     return ResultsLayout(results_path).report
 
 
-def make_identity(protocol: Any, seed: int, bgr_compat: bool,
-                  stored_set: Optional[Mapping] = None, corrupted_root: Optional[str] = None,
-                  attacks: Optional[Mapping] = None, config: Optional[str] = None,
-                  config_sha256: Optional[str] = None, checkpoint: str = '',
-                  scope: Optional[str] = None, shard: Optional[Tuple[int, int]] = None,
-                  checkpoint_load: Optional[Mapping] = None,
-                  shifts: Optional[Mapping] = None) -> Dict[str, Any]:
+def run_identity(spec: RunSpec, config: Optional[str] = None,
+                 config_sha256: Optional[str] = None, checkpoint: str = '',
+                 scope: Optional[str] = None, shard: Optional[Tuple[int, int]] = None,
+                 checkpoint_load: Optional[Mapping] = None) -> Dict[str, Any]:
     """What a robustness results file records of its evaluation.
 
     :data:`IDENTITY_KEYS` (compared on resume and merge) and :data:`INFO_KEYS` (for the reader).
-
-    ``protocol`` is a :class:`~mmrobust.corruptions.Protocol`; ``stored_set`` the provenance of
-    a stored corrupted set (:func:`~mmrobust.corruptions.stored.stored_set_identity`), None when
-    the cells are corrupted on the fly; ``shifts`` the real-world shift cells
-    (:func:`~mmrobust.datasets.shift_sets.shift_identity`).
+    What it records of its cells is their kinds' (:meth:`~.cell_kinds.CellKind.identity` of
+    ``spec``, in run order); a kind's field that is neither joins the identity keys (the shift
+    cells', only where there are some, so that a file without them keeps its fingerprint).
     """
     from ..version import __version__
+    cells: Dict[str, Any] = {}
+    for kind in CELL_KINDS.values():
+        cells.update(kind.identity(spec))
     identity: Dict[str, Any] = {
-        'protocol': protocol.name,
-        'cells_planned': {c: list(s) for c, s in protocol.severities.items()},
-        'seed': seed, 'bgr_compat': bgr_compat,
-        'source': 'stored' if corrupted_root else 'on-the-fly',
-        'stored_set': dict(stored_set) if stored_set is not None else None,
-        'corrupted_root': corrupted_root,
-        'attacks': dict(attacks) if attacks else None,
+        **cells,
         'config': config, 'config_sha256': config_sha256,
         'checkpoint': checkpoint,
         'checkpoint_sha256': file_sha256(checkpoint) if checkpoint else None,
         'scope': scope, 'mmrobust': __version__,
         'shard': {'index': shard[0], 'count': shard[1]} if shard else None,
-        'identity_keys': list(IDENTITY_KEYS),
+        'identity_keys': list(IDENTITY_KEYS) + [
+            k for k in cells if k not in IDENTITY_KEYS and k not in INFO_KEYS],
     }
-    if shifts:
-        identity[SHIFTS_KEY] = dict(shifts)
-        identity['identity_keys'].append(SHIFTS_KEY)
     if checkpoint_load is not None:
         identity['checkpoint_load'] = dict(checkpoint_load)
         if any(checkpoint_load.get(k) for k in ('missing', 'unexpected', 'errors')):
@@ -181,7 +171,10 @@ class RobustnessResults(ResultsStore):
     def __init__(self, path: str, identity: Dict) -> None:
         identity = {'format': RESULTS_FORMAT, **identity}
         identity.setdefault('identity_keys', list(IDENTITY_KEYS))
-        keys: Tuple[str, ...] = ('format', ) + IDENTITY_KEYS + (SHIFTS_KEY, )
+        # NOTE: the shift cells' key always (a file without them differs from a run with them),
+        # and any other a kind adds
+        keys: Tuple[str, ...] = ('format', ) + IDENTITY_KEYS + tuple(dict.fromkeys(
+            [SHIFTS_KEY] + [k for k in identity['identity_keys'] if k not in IDENTITY_KEYS]))
         old = _peek_json(path)
         if old is not None and not old.get('identity_keys'):
             added = [k for k in IDENTITY_KEYS if k not in LEGACY_IDENTITY_KEYS]
@@ -241,16 +234,11 @@ def _peek_json(path: str) -> Optional[Dict]:
 def planned_cells(identity: Mapping) -> List[Tuple[str, int]]:
     """Every cell an evaluation plans, in the order it runs them.
 
-    The clean set, the protocol's (corruption, severity) cells, then each attack's budgets, then the
-    real-world shifts' (set, level) cells.
+    Each kind's (:meth:`~.cell_kinds.CellKind.planned`), in run order: the clean set, the
+    protocol's (corruption, severity) cells, each attack's budgets, the real-world shifts' (set,
+    level) cells.
     """
-    cells = [(CLEAN, 0)] + [(c, int(s)) for c, sevs in identity['cells_planned'].items()
-                            for s in sevs]
-    for name, entry in (identity.get('attacks') or {}).items():
-        cells += [(name, k) for k in range(1, len(entry['epsilons']) + 1)]
-    for name, entry in (identity.get(SHIFTS_KEY) or {}).items():
-        cells += [(name, int(k)) for k in entry['levels']]
-    return cells
+    return [cell for kind in CELL_KINDS.values() for cell in kind.planned(identity)]
 
 
 def corruption_cells(results: Mapping) -> List[Tuple[str, int]]:
@@ -387,7 +375,7 @@ def _from_mmdet_pkl(data: Mapping, path: str = 'the file',
                 cells.setdefault(CLEAN, {0: scores})
             elif corruption in CORRUPTIONS:
                 cells.setdefault(corruption, {})[int(severity)] = scores
-    present = [c for c in cells if c != CLEAN]
+    present = [c for c in cells if counts_in_mpc(c)]
     averaged = [c for c in present if c in BENCHMARK_CORRUPTIONS] \
         if aggregate == 'benchmark' else present
     if not averaged:  # NOTE: only held-out corruptions: those are what there is

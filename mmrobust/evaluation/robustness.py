@@ -2,23 +2,27 @@
 
 ``evaluate_robustness`` evaluates the clean test set and each (corruption, severity) cell of a
 protocol with a runner whose model and checkpoint are loaded once, from one dataloader whose
-dataset is built once (:mod:`.one_pass`; a dataloader per cell where one cannot serve them all).
+dataset is built once (:mod:`.cell_kinds.one_pass`; a dataloader per cell where one cannot serve
+them all).
 A cell's images are corrupted on the fly (in the dataloader workers, right after the
 image-loading step) or read from a corrupted copy written by ``tools/make_corrupted.py``. Each
 cell's metric runs in a worker process beside the next cells' inference (:mod:`.metric_queue`).
 Attack cells (:mod:`.attacks`) and real-world shift cells (another set through the same
 pipeline and metric, :mod:`~mmrobust.datasets.shift_sets`) follow, each with its own
-dataloader; neither is in mPC / rPC. After every cell the results file (:mod:`.results`) is
-rewritten atomically; a rerun with the same identity skips finished cells and computes the
-metrics of saved predictions.
+dataloader; neither is in mPC / rPC. What differs by kind of cell (planning, identity, checks,
+dataloader, model context, evaluator config, image roots) is the kind's
+(:mod:`.cell_kinds`): the run loops over the kinds. After every cell the results file
+(:mod:`.results`) is rewritten atomically; a rerun with the same identity skips finished cells
+and computes the metrics of saved predictions.
 """
+import dataclasses
 import hashlib
 import itertools
 import json
 import os
 import os.path as osp
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from mmengine.config import Config
@@ -26,57 +30,24 @@ from mmengine.dist import barrier, get_dist_info
 from mmengine.logging import print_log
 
 from ..corruptions import Protocol
-from ..corruptions.stored import (
-    MANIFEST,
-    cell_folder,
-    read_stored_set,
-    stored_content_identity,
-    stored_set_identity,
-    stored_settings,
-)
-from ..datasets.shift_sets import check_shift_root, shift_identity
-from ..models.utils import unwrap_model
-from ..utils.config_checks import leaf_datasets
+from ..utils.errors import UsageError
 from ..utils.processes import children_die_with_parent
 from ..utils.progress import Progress
-from .attacks import attack_of_cell, check_attack_pipeline
-from .background import (
-    worker_imports,
-)
+from .background import worker_imports
 from .cell_evaluators import CellEvaluators, side_file_metrics, without_unread_gt_masks
-from .cell_inference import one_pass_cells, per_cell_cells
-from .cells import (
-    CLEAN,
-    WORST,
-    Cell,
-    CellSource,
-    find_loading_step,
-    is_attack_cell,
-    is_corruption_cell,
-    is_shift_cell,
-    shift_dataloader,
-)
-from .coco_metric import (
-    without_backend,
-)
+from .cell_kinds import CELL_KINDS, WORST, Cell, CellKind, CellRun, RunSpec, kind_of
+from .coco_metric import without_backend
 from .metric_queue import MetricQueue
-from .one_pass import OnePassUnsupported
 from .overlapped_loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH
 from .per_image import StatsTarget, stats_path
-from .rank0 import (
-    RANK0_POLL_S,
-    Plan,
-    broadcast_plan,
-    plan_on_rank0,
-    rank0_until_done,
-)
+from .rank0 import RANK0_POLL_S, Plan, broadcast_plan, plan_on_rank0, rank0_until_done
 from .results import (
     ResultsLayout,
     RobustnessResults,
     evaluation_sha256,
-    make_identity,
     parse_shard,
     planned_cells,
+    run_identity,
 )
 from .worst_case import add_worst_case
 
@@ -99,9 +70,10 @@ def config_sha256(cfg: Config) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-# -- the results file ------------------------------------------------------------------------------
+# the options RobustnessOptions.validated() reads: a change to one is checked again
+_VALIDATED = ('metric_queue', 'post_process_queue', 'prefetch', 'shard', 'seed', 'bgr_compat',
+              'corrupted_root', 'attacks', 'shifts', 'shift_roots', 'kind_options')
 
-# -- the loop --------------------------------------------------------------------------------------
 
 @dataclass
 class RobustnessOptions:
@@ -124,7 +96,7 @@ class RobustnessOptions:
             :data:`DEFAULT_ROBUSTNESS_BACKEND`); recorded per cell.
         metric_queue: K cells' metrics in flight in a worker process beside the next cells'
             inference (:class:`~.metric_queue.MetricQueue`); 0: serial.
-        one_pass: every cell from one dataloader (:mod:`.one_pass`), else one per cell.
+        one_pass: every cell from one dataloader (:mod:`.cell_kinds.one_pass`), else one per cell.
         post_process_queue: batches whose post-processing (``evaluator.process``: outputs to
             the host, mask encoding) waits in a thread beside the next batches' forward
             (:mod:`.overlapped_loop`); 0: in the loop.
@@ -139,6 +111,8 @@ class RobustnessOptions:
             (:func:`~mmrobust.datasets.shift_sets.parse_shifts`), beside the corruption cells
             and not in mPC / rPC.
         shift_roots: ``{family: root}`` of the shift sets (default: ``data/<family>``).
+        kind_options: ``{kind: options}`` of cell kinds registered besides the built-in ones
+            (:attr:`~.cell_kinds.RunSpec.kind_options`).
     """
     seed: Optional[int] = None
     bgr_compat: Optional[bool] = None
@@ -157,54 +131,59 @@ class RobustnessOptions:
     per_image: bool = True
     shifts: Optional[List[Cell]] = None
     shift_roots: Optional[Dict[str, str]] = None
+    kind_options: Optional[Dict[str, Any]] = None
+    _validated: Optional[Tuple[Any, RunSpec]] = field(default=None, init=False, repr=False,
+                                                      compare=False)
+
+    def validated(self, protocol: Protocol) -> RunSpec:
+        """The run's :class:`~.cell_kinds.RunSpec`, checked once before any model is built.
+
+        The options' own ranges, the shard, then each kind's :meth:`~.cell_kinds.CellKind.check`
+        (a stored set's manifest, the shift sets' layouts). ``tools/test_robustness.py`` calls
+        it before building the runner; :func:`evaluate_robustness` gets the same spec back
+        unless an option changed since.
+
+        Raises:
+            UsageError: a queue depth below 0. ``ShardError``, ``StoredSetError``,
+                ``ShiftDatasetError``: from the checks.
+        """
+        key = (protocol, repr([getattr(self, k) for k in _VALIDATED]))
+        if self._validated is not None and self._validated[0] == key:
+            return self._validated[1]
+        if self.metric_queue < 0:
+            raise UsageError('--metric-queue (metric_queue) must be 0 (serial) or more, got '
+                             f'{self.metric_queue}')
+        for name in ('post_process_queue', 'prefetch'):
+            if getattr(self, name) < 0:
+                raise UsageError(f'--{name.replace("_", "-")} ({name}) must be 0 (in the loop) '
+                                 f'or more, got {getattr(self, name)}')
+        if self.shard is not None:
+            parse_shard(f'{self.shard[0]}/{self.shard[1]}')  # NOTE: raises ShardError
+        unknown = sorted(set(self.kind_options or {}) - set(CELL_KINDS))
+        if unknown:
+            raise UsageError(f'kind_options name {", ".join(unknown)}, which no registered '
+                             f'cell kind is ({", ".join(CELL_KINDS)}): register the kind first')
+        spec = RunSpec(protocol, 0 if self.seed is None else self.seed, bool(self.bgr_compat),
+                       self.corrupted_root, None, self.attacks or None,
+                       tuple(self.shifts) if self.shifts else None, self.shift_roots,
+                       dict(self.kind_options or {}))
+        if self.corrupted_root is not None:  # NOTE: None: the stored set's own, if recorded
+            spec = dataclasses.replace(spec, seed=self.seed, bgr_compat=self.bgr_compat)
+        for kind in CELL_KINDS.values():
+            spec = kind.check(spec)
+        self._validated = (key, spec)
+        return spec
 
 
-def _resolve_source(runner, cfg: Config, protocol: Protocol, opts: RobustnessOptions
-                    ) -> Tuple[CellSource, Optional[Dict]]:
-    """Where the cells' images come from, and the stored set's provenance.
-
-    Stops before any inference on a pipeline that cannot be corrupted or attacked, or a bad shard.
-    """
-    if opts.metric_queue < 0:
-        raise ValueError(f'metric_queue must be 0 (serial) or more, got {opts.metric_queue}')
-    if opts.post_process_queue < 0 or opts.prefetch < 0:
-        raise ValueError('post_process_queue and prefetch must be 0 (in the loop) or more, '
-                         f'got {opts.post_process_queue} and {opts.prefetch}')
-    if opts.shard is not None:
-        parse_shard(f'{opts.shard[0]}/{opts.shard[1]}')  # NOTE: raises ShardError
-    for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
-        find_loading_step(list(dataset['pipeline']))
-    if opts.attacks:  # NOTE: stop before any inference when the attacks cannot run
-        check_attack_pipeline(cfg)
-        model = unwrap_model(runner.model)
-        for name in opts.attacks:
-            attack_of_cell(opts.attacks, name, 1).check_model(model)
-    for name, level in opts.shifts or ():  # NOTE: a missing or mis-laid set stops here
-        check_shift_root(name, level, opts.shift_roots,
-                         task='segmentation' if cfg.get('default_scope') == 'mmseg'
-                         else 'detection')
-    root = opts.corrupted_root
-    if root is None:
-        return CellSource(0 if opts.seed is None else opts.seed, bool(opts.bgr_compat)), None
-    manifest = read_stored_set(root)  # NOTE: the set's own seed and colour order are recorded
-    seed, bgr_compat = stored_settings(root, manifest, opts.seed, opts.bgr_compat)
-    if manifest is None:
-        print_log(f'{root} has no {MANIFEST} (not written by make_corrupted.py): how its cells '
-                  'were made is unknown; the results record that (stored_set) and the seed / '
-                  f'colour mode given ({seed}, bgr_compat={bgr_compat})', logger='current',
-                  level=30)
-        # NOTE: its identity is its content (paths and sizes of the cells read), so that a
-        # rerun on another set is evaluated, not relabelled
-        # (rank 0 alone compares it: a stat per file, once)
-        return CellSource(seed, bgr_compat, root), stored_content_identity(
-            root, [(c, s) for c, sevs in protocol.severities.items() for s in sevs]
-        ) if get_dist_info()[0] == 0 else stored_set_identity(None)
-    return CellSource(seed, bgr_compat, root), stored_set_identity(manifest)
+def _check_run(runner, cfg: Config, spec: RunSpec) -> None:
+    """Every kind's pre-flight with the config and the model, before any inference."""
+    for kind in CELL_KINDS.values():
+        kind.check_run(runner, cfg, spec)
 
 
-def _open_results(cfg: Config, protocol: Protocol, layout: ResultsLayout, opts: RobustnessOptions,
-                  source: CellSource, stored_set: Optional[Dict], backends: List[str],
-                  use_saved: bool = True) -> Tuple[Optional[RobustnessResults], Plan]:
+def _open_results(cfg: Config, layout: ResultsLayout, opts: RobustnessOptions, spec: RunSpec,
+                  backends: List[str], use_saved: bool = True
+                  ) -> Tuple[Optional[RobustnessResults], Plan]:
     """Rank 0 opens (or resumes) the results file and plans the cells.
 
     Every rank gets the plan (or rank 0's error). ``use_saved``: a killed run's saved predictions
@@ -214,13 +193,10 @@ def _open_results(cfg: Config, protocol: Protocol, layout: ResultsLayout, opts: 
     plan: Optional[Plan] = None
     if get_dist_info()[0] == 0:  # NOTE: only rank 0 reads the results file (it may be local)
         try:
-            identity = make_identity(
-                protocol, source.seed, source.bgr_compat, stored_set=stored_set,
-                corrupted_root=source.corrupted_root, attacks=opts.attacks,
-                config=cfg.filename, config_sha256=config_sha256(cfg),
+            identity = run_identity(
+                spec, config=cfg.filename, config_sha256=config_sha256(cfg),
                 checkpoint=opts.checkpoint, scope=cfg.get('default_scope'), shard=opts.shard,
-                checkpoint_load=opts.checkpoint_load,
-                shifts=shift_identity(opts.shifts) if opts.shifts else None)
+                checkpoint_load=opts.checkpoint_load)
             results = RobustnessResults(layout.results_path, identity)
             if backends:  # the latest run's; each cell records its own in its timing
                 results.data['coco_backend'] = ', '.join(backends)
@@ -231,15 +207,14 @@ def _open_results(cfg: Config, protocol: Protocol, layout: ResultsLayout, opts: 
 
 
 def _stats_targets(cfg: Config, results: Optional[RobustnessResults], layout: ResultsLayout,
-                   source: CellSource, per_image: bool,
-                   shift_roots: Optional[Dict[str, str]] = None):
+                   spec: RunSpec, per_image: bool):
     """Where each cell's per-image statistics go (rank 0; None: not kept)."""
     def target(cell: Cell) -> Optional[StatsTarget]:
         if not per_image or results is None:
             return None
         return StatsTarget(stats_path(layout.per_image, *cell), cell,
                            evaluation_sha256(results.identity),
-                           _image_roots(cfg, source.corrupted_root, cell, shift_roots))
+                           kind_of(cell[0]).image_roots(cfg, cell, spec))
     return target
 
 
@@ -250,7 +225,7 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     Returns the results dict (rank 0; an empty dict on the other ranks).
 
     ``runner`` has its model built and its checkpoint loaded already (once for all cells). The
-    results identity (:func:`~.results.make_identity`) records what is evaluated; a rerun with
+    results identity (:func:`~.results.run_identity`) records what is evaluated; a rerun with
     the same identity skips the recorded cells and computes the metrics of saved predictions.
     Each cell's timing records ``inference_s``, ``metric_s`` and ``wait_s``; the run's
     ``time`` where this run's time went. ``options``: :class:`RobustnessOptions`.
@@ -261,8 +236,9 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     """
     opts = options or RobustnessOptions()
     children_die_with_parent()  # NOTE: a killed run's dataloader workers must not outlive it
-    source, stored_set = _resolve_source(runner, cfg, protocol, opts)
-    evaluators = CellEvaluators.build(cfg, opts)
+    spec = opts.validated(protocol)  # NOTE: the tool's, when it checked them already
+    _check_run(runner, cfg, spec)  # NOTE: stops before any inference
+    evaluators = CellEvaluators.build(cfg, opts, spec)
     writes_files = side_file_metrics(evaluators.evaluator)  # NOTE: format_only stops here
     if writes_files and opts.one_pass:
         print_log(f'one dataloader for every cell is not used: {writes_files}', logger='current')
@@ -279,11 +255,10 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
                              cfg.get('default_scope')) if depth else []
     layout = ResultsLayout(results_path)
     rank, _ = get_dist_info()
-    results, plan = _open_results(cfg, protocol, layout, opts, source, stored_set,
-                                  evaluators.backends, use_saved=not writes_files)
+    results, plan = _open_results(cfg, layout, opts, spec, evaluators.backends,
+                                  use_saved=not writes_files)
     queue = MetricQueue(runner, results, depth, layout.predictions, evaluators,
-                        _stats_targets(cfg, results, layout, source, opts.per_image,
-                                       opts.shift_roots),
+                        _stats_targets(cfg, results, layout, spec, opts.per_image),
                         evaluators.backends, cfg.get('default_scope'), imports, RANK0_POLL_S
                         ) if results is not None else None
     progress_bar = Progress(0, 'image', protocol.name, enabled=opts.progress and rank == 0)
@@ -291,8 +266,9 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     try:
         for cell, path in plan.saved.items():  # NOTE: rank 0's plan, broadcast to every rank
             rank0_until_done(queue.resume_saved(cell, path) if queue else None)
-        loading = _infer_cells(runner, cfg, plan, opts, source, evaluators, writes_files,
-                               queue, progress_bar)
+        loading = _infer_cells(CellRun(runner, cfg, cfg, spec, evaluators, progress_bar,
+                                       opts.post_process_queue, opts.prefetch, opts.one_pass,
+                                       writes_files), plan, queue)
         if depth != opts.metric_queue and plan.infer:
             loading['metric_queue'] = f'0, not {opts.metric_queue} ({writes_files})'
         rank0_until_done(queue.drain() if queue else None)
@@ -312,70 +288,41 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     return results.data if results is not None else {}
 
 
-def _infer_cells(runner, cfg: Config, plan: Plan, opts: RobustnessOptions, source: CellSource,
-                 evaluators: CellEvaluators, writes_files: Optional[str],
-                 queue: Optional[MetricQueue], progress_bar: Progress) -> Dict[str, str]:
-    """Every planned cell's inference, each handed to rank 0's metric queue.
+def _by_kind(cells: List[Cell]) -> Dict[str, Tuple[CellKind, List[Cell]]]:
+    """``cells`` grouped by the kind that infers them, in run order."""
+    groups: Dict[str, Tuple[CellKind, List[Cell]]] = {}
+    for cell in cells:
+        kind = kind_of(cell[0])
+        kind = CELL_KINDS[kind.inferred_by] if kind.inferred_by else kind
+        groups.setdefault(kind.name, (kind, []))[1].append(cell)
+    return groups
 
-    The corruption cells from one dataloader where it can serve them all, the attack cells from
-    their own. Returns how the corruption cells were loaded (``loader``, ``gt_masks``: whether their
-    ground-truth masks were decoded, :func:`~.cell_evaluators.without_unread_gt_masks`).
+
+def _infer_cells(run: CellRun, plan: Plan, queue: Optional[MetricQueue]) -> Dict[str, str]:
+    """Every planned cell's inference, kind by kind, each cell handed to rank 0's metric queue.
+
+    Returns how the cells were loaded (a kind's ``loader``; ``gt_masks``: whether the
+    ground-truth masks were decoded, :func:`~.cell_evaluators.without_unread_gt_masks`): what
+    this run did only, so a rerun that inferred no corruption cell keeps the loader the
+    inferring run recorded.
     """
-    attacked = [c for c in plan.infer if is_attack_cell(c[0])]
-    shifted = [c for c in plan.infer if is_shift_cell(c[0])]
-    corrupted = [c for c in plan.infer if c[0] == CLEAN or is_corruption_cell(c[0])]
-    loader_kind = 'one-pass'
-    loading: Dict[str, str] = {}
-    inference = None
-    # NOTE: corruption and shift cells read what their metrics read; an attack's loss needs
-    # the ground truth the config's own pipeline loads
-    scored = corrupted + shifted
-    light = cfg
+    groups = _by_kind(plan.infer)
+    # NOTE: cells read what their metrics read, except a kind that reads the config's own
+    # ground truth (an attack's loss)
+    scored = [c for kind, cells in groups.values() if not kind.config_ground_truth
+              for c in cells]
     if scored:
-        light, gt_masks = without_unread_gt_masks(cfg, evaluators(scored[0])[0])
+        run.light, gt_masks = without_unread_gt_masks(run.cfg, run.evaluators(scored[0])[0])
         if gt_masks:
-            loading['gt_masks'] = gt_masks
-            print_log(f'ground-truth masks of the corruption and shift cells: {gt_masks}',
-                      logger='current')
-    if corrupted:
-        if writes_files:
-            loader_kind = f'per-cell ({writes_files})'
-        elif opts.one_pass:
-            try:
-                inference = one_pass_cells(runner, light, corrupted,
-                                            evaluators(corrupted[0])[0],
-                                            source.seed, source.bgr_compat,
-                                            source.corrupted_root, progress_bar,
-                                            opts.post_process_queue, opts.prefetch)
-            except OnePassUnsupported as err:
-                loader_kind = f'per-cell ({err})'
-                print_log(f'one dataloader cannot serve every cell ({err}): each cell builds '
-                          'its own', logger='current', level=30)
-        else:
-            loader_kind = 'per-cell (asked for)'
-        if inference is None:
-            inference = per_cell_cells(runner, light, corrupted, evaluators, source.seed,
-                                        source.bgr_compat, source.corrupted_root, progress_bar,
-                                        post_process_queue=opts.post_process_queue,
-                                        prefetch=opts.prefetch)
-    if attacked:
-        assert opts.attacks
-        attacks = per_cell_cells(runner, cfg, attacked, evaluators, source.seed,
-                                  source.bgr_compat, None, progress_bar, opts.attacks,
-                                  opts.post_process_queue)
-        inference = attacks if inference is None else itertools.chain(inference, attacks)
-    if shifted:  # NOTE: each reads its own set: a dataloader each, the config's pipeline
-        shifts = per_cell_cells(runner, light, shifted, evaluators, source.seed,
-                                source.bgr_compat, None, progress_bar,
-                                post_process_queue=opts.post_process_queue,
-                                prefetch=opts.prefetch, shift_roots=opts.shift_roots)
-        inference = shifts if inference is None else itertools.chain(inference, shifts)
-    for cell, parts, loop_metrics, dataset_meta, timing in inference or ():
+            run.loading['gt_masks'] = gt_masks
+            print_log(f'ground-truth masks of the cells that read what their metrics read: '
+                      f'{gt_masks}', logger='current')
+    inference = itertools.chain.from_iterable(
+        kind.infer(run, cells) for kind, cells in groups.values())
+    for cell, parts, loop_metrics, dataset_meta, timing in inference:
         rank0_until_done(queue.finish(cell, parts, loop_metrics, dataset_meta, timing)
-                          if queue is not None else None)
-    # NOTE: what this run did only: a rerun that inferred no corruption cell keeps the loader
-    # the inferring run recorded
-    return {'loader': loader_kind, **loading} if corrupted else loading
+                         if queue is not None else None)
+    return run.loading
 
 
 def _finish_results(results: RobustnessResults, plan: Plan, loading: Dict[str, str],
@@ -418,22 +365,6 @@ def _add_worst_case(results: RobustnessResults) -> None:
                   f'{", ".join(added)} recorded', logger='current')
     for k, why in skipped.items():
         print_log(f'no worst-case cell at budget {k}: {why}', logger='current', level=30)
-
-
-def _image_roots(cfg: Config, corrupted_root: Optional[str], cell: Tuple[str, int],
-                 shift_roots: Optional[Dict[str, str]] = None) -> Tuple[str, ...]:
-    """Folders under which an image's relative path is the same in every cell.
-
-    The stored set's folder of ``cell``, then the datasets' data roots.
-    """
-    if is_shift_cell(cell[0]):  # NOTE: its own set: paths relative to its root
-        loader = shift_dataloader(cfg, cell, shift_roots)
-        return (str(leaf_datasets(loader['dataset'])[0]['data_root']), )
-    roots = [cell_folder(corrupted_root, *cell)] if corrupted_root else []
-    for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
-        if dataset.get('data_root'):
-            roots.append(str(dataset['data_root']))
-    return tuple(roots)
 
 
 def _time_summary(results: RobustnessResults, plan: Plan, wall: float) -> Dict[str, Any]:

@@ -9,16 +9,15 @@ from mmrobust.evaluation.attack_families import (
     register_attack_family,
 )
 from mmrobust.evaluation.cell_kinds import (
-    ATTACK,
     CELL_KINDS,
-    CLEAN_SET,
-    CORRUPTION,
-    SHIFT,
     CellKind,
     UnknownCellError,
     kind_of,
     register_cell_kind,
 )
+from mmrobust.evaluation.cell_kinds.attack import ATTACK
+from mmrobust.evaluation.cell_kinds.corruption import CLEAN_SET, CORRUPTION
+from mmrobust.evaluation.cell_kinds.shift import SHIFT
 from mmrobust.evaluation.metrics import robustness_summary
 from mmrobust.evaluation.results import corruption_cells
 
@@ -84,3 +83,116 @@ def test_the_legacy_results_files_cells_keep_their_kinds():
     kinds = {name: kind_of(name).name for name in data['cells']}
     assert kinds['clean'] == 'clean' and set(kinds.values()) == {'clean', 'corruption'}
     assert {c for c, _ in corruption_cells(data)} == set(data['cells']) - {'clean'} != set()
+
+
+class _Occlude:
+    """A grey square over the image's top-left corner, ``size`` pixels wide (a test transform)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __call__(self, results: dict) -> dict:
+        results['img'] = results['img'].copy()
+        results['img'][:self.size, :self.size] = 128
+        return results
+
+
+def _occlusion_kind():
+    """A kind as a user would add it: planned from its options, loaded by its own dataloader."""
+    import copy
+
+    from mmrobust.evaluation.cell_kinds.per_cell import PerCellKind
+    from mmrobust.evaluation.cells import find_loading_step
+    from mmrobust.utils.config_checks import leaf_datasets
+
+    class OcclusionKind(PerCellKind):
+        def planned(self, identity):
+            return [('occlusion', int(k)) for k in (identity.get('occlusion') or {})]
+
+        def identity(self, spec):
+            sizes = spec.kind_options.get('occlusion')
+            return {'occlusion': {str(k): size for k, size in enumerate(sizes, 1)}} \
+                if sizes else {}
+
+        def dataloader(self, run, cell):
+            loader = copy.deepcopy(self.config(run).test_dataloader)
+            size = run.spec.kind_options['occlusion'][cell[1] - 1]
+            for dataset in leaf_datasets(loader['dataset']):
+                pipeline = list(dataset['pipeline'])
+                pipeline.insert(find_loading_step(pipeline) + 1, _Occlude(size))
+                dataset['pipeline'] = pipeline
+            return loader
+
+    return OcclusionKind('occlusion', lambda name: name == 'occlusion', own_images=False)
+
+
+def test_a_kind_registered_at_run_time_runs_end_to_end(toy_data, tmp_path):
+    """One class, nothing else: its cells are planned, identified, inferred and resumed."""
+    from mmengine.config import Config
+    from test_robustness import _init_checkpoint
+
+    from mmrobust.apis import apply_common_args, apply_test_args, build_runner
+    from mmrobust.corruptions import resolve_protocol
+    from mmrobust.evaluation import RobustnessOptions, evaluate_robustness
+    from mmrobust.evaluation.results import planned_cells
+
+    from helpers import DEMO_DET_CFG
+    kind = register_cell_kind(_occlusion_kind())
+    try:
+        ckpt = _init_checkpoint(DEMO_DET_CFG, tmp_path / 'det.pth')
+        cfg = Config.fromfile(str(REPO / DEMO_DET_CFG))
+        cfg = apply_common_args(cfg, str(REPO / DEMO_DET_CFG), 'none', str(tmp_path / 'work'),
+                                {'test_dataloader.num_workers': 0,
+                                 'test_dataloader.persistent_workers': False,
+                                 'test_dataloader.dataset.indices': 2})
+        cfg = apply_test_args(cfg, str(ckpt))
+        runner = build_runner(cfg, ('test_dataloader', ))
+        runner.call_hook('before_run')
+        runner.load_or_resume()
+        protocol = resolve_protocol(None, ['fog'], [1])
+        path = str(tmp_path / 'r.json')
+
+        def run():
+            return evaluate_robustness(runner, cfg, protocol, path, RobustnessOptions(
+                checkpoint=str(ckpt), metric_queue=0, kind_options={'occlusion': [8, 32]}))
+        data = run()
+        assert planned_cells(data) == [('clean', 0), ('fog', 1), ('occlusion', 1),
+                                       ('occlusion', 2)]
+        assert set(data['cells']['occlusion']) == {'1', '2'}
+        # its options are compared on resume (a kind's field joins the identity keys)
+        assert data['occlusion'] == {'1': 8, '2': 32} and 'occlusion' in data['identity_keys']
+        assert list(robustness_summary(data['cells'])['metrics']['coco/bbox_mAP'][
+            'per_corruption']) == ['fog']  # NOTE: not in mPC
+        again = run()  # NOTE: resumed: nothing inferred, the time kept
+        assert again['cells'] == data['cells'] and again['time'] == data['time']
+        with pytest.raises(Exception, match='occlusion'):
+            evaluate_robustness(runner, cfg, protocol, path, RobustnessOptions(
+                checkpoint=str(ckpt), metric_queue=0, kind_options={'occlusion': [16]}))
+    finally:
+        CELL_KINDS.pop(kind.name)
+
+
+def test_the_run_spec_is_checked_once_and_again_after_a_change(monkeypatch):
+    from mmrobust.corruptions import resolve_protocol
+    from mmrobust.evaluation import RobustnessOptions
+    from mmrobust.evaluation.cell_kinds.corruption import CorruptionKind
+    from mmrobust.utils.errors import UsageError
+    checked = []
+    check = CorruptionKind.check
+    monkeypatch.setattr(CorruptionKind, 'check',
+                        lambda self, spec: checked.append(self.name) or check(self, spec))
+    protocol = resolve_protocol(None, ['fog'], [1])
+    options = RobustnessOptions(seed=3)
+    spec = options.validated(protocol)
+    # the tool validates before it builds the runner; evaluate_robustness gets the same spec
+    assert options.validated(protocol) is spec and checked == ['corruption']
+    assert spec.seed == 3 and spec.protocol is protocol
+    options.checkpoint_load = {'matched': 1}  # NOTE: recorded, not checked
+    assert options.validated(protocol) is spec and len(checked) == 1
+    options.seed = 4
+    assert options.validated(protocol).seed == 4 and len(checked) == 2
+    options.metric_queue = -1
+    with pytest.raises(UsageError, match=r'--metric-queue \(metric_queue\) must be 0'):
+        options.validated(protocol)
+    with pytest.raises(UsageError, match='occlusion, which no registered cell kind is'):
+        RobustnessOptions(kind_options={'occlusion': [8]}).validated(protocol)

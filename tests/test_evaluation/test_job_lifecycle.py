@@ -348,7 +348,8 @@ def test_a_set_without_manifest_is_known_by_its_content(tmp_path, monkeypatch):
     from mmrobust.corruptions import resolve_protocol
     from mmrobust.corruptions.stored import stored_content_identity
     from mmrobust.evaluation import ResultsMismatchError, RobustnessResults
-    from mmrobust.evaluation.results import make_identity
+    from mmrobust.evaluation.cell_kinds import RunSpec
+    from mmrobust.evaluation.results import run_identity
     cells = [('fog', 2), ('snow', 2)]
     a = stored_content_identity(str(_stored(tmp_path / 'a', 1)), cells)
     b = stored_content_identity(str(_stored(tmp_path / 'b', 2, size=11)), cells)
@@ -358,8 +359,8 @@ def test_a_set_without_manifest_is_known_by_its_content(tmp_path, monkeypatch):
     protocol = resolve_protocol(None, ['fog', 'snow'], [2])
 
     def identity(root: str, stored: dict) -> dict:
-        return make_identity(protocol, 0, False, stored_set=stored, corrupted_root=root,
-                             config='c.py', config_sha256='c', checkpoint='')
+        return run_identity(RunSpec(protocol, 0, False, stored_set=stored, corrupted_root=root),
+                            config='c.py', config_sha256='c', checkpoint='')
     import mmengine.logging
     logged = []
     monkeypatch.setattr(mmengine.logging, 'print_log', lambda msg, **kw: logged.append(msg))

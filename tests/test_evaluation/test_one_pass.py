@@ -38,7 +38,7 @@ def _per_cell(runner, cfg, cells, corrupted_root) -> List[Dict[str, str]]:
 
 
 def _one_pass(runner, cfg, cells, corrupted_root) -> Tuple[List[Dict[str, str]], int]:
-    from mmrobust.evaluation.one_pass import one_pass_loader
+    from mmrobust.evaluation.cell_kinds.one_pass import one_pass_loader
     loader, per_cell = one_pass_loader(runner, cfg, cells, 0, False, corrupted_root)
     out: List[Dict[str, str]] = [{} for _ in cells]
     for index, batch in enumerate(loader):

@@ -12,9 +12,9 @@ from mmrobust.evaluation.results import (
     RobustnessResults,
     ShardError,
     identity_sha256,
-    make_identity,
     merge_results,
     parse_shard,
+    run_identity,
     shard_cells,
 )
 
@@ -49,8 +49,9 @@ OTHER_PLAN = {'pgd_linf': {'epsilons': [4 / 255, 8 / 255], 'epsilon_text': ['4/2
 
 
 def _writer_identity(**overrides) -> dict:
-    """What the robustness writer records (make_identity), for a stored set with attacks."""
+    """What the robustness writer records (run_identity), for a stored set with attacks."""
     from mmrobust.corruptions import Protocol
+    from mmrobust.evaluation.cell_kinds import RunSpec
     args = dict(protocol=Protocol('custom', '', {'fog': (1, 2), 'snow': (1, )}), seed=0,
                 bgr_compat=False, corrupted_root='sets/coco-c',
                 stored_set={'manifest': True, 'seed': 0, 'channel_order': 'rgb',
@@ -59,7 +60,9 @@ def _writer_identity(**overrides) -> dict:
                 scope='mmdet', shard=(0, 2),
                 checkpoint_load={'matched': 3, 'missing': [], 'unexpected': [], 'errors': []})
     args.update(overrides)
-    return {'format': RESULTS_FORMAT, **make_identity(**args)}
+    spec = RunSpec(**{k: args.pop(k) for k in ('protocol', 'seed', 'bgr_compat',
+                                                'corrupted_root', 'stored_set', 'attacks')})
+    return {'format': RESULTS_FORMAT, **run_identity(spec, **args)}
 
 
 def _shard(index: int, cells: dict, **identity) -> dict:

@@ -105,8 +105,8 @@ def test_a_stored_cell_reads_the_stored_image_with_an_absolute_data_prefix(toy_d
 def test_an_image_outside_data_root_is_refused_before_inference(toy_data, tmp_path, path):
     from mmengine.registry import init_default_scope
 
+    from mmrobust.evaluation.cell_kinds.one_pass import one_pass_loader
     from mmrobust.evaluation.cells import check_stored_leaves
-    from mmrobust.evaluation.one_pass import one_pass_loader
     init_default_scope('mmdet')
     root = _stored_copy(toy_data['toy_coco'], tmp_path / 'c')
     elsewhere = tmp_path / 'elsewhere' / 'val2017'

@@ -223,7 +223,7 @@ def measure_data(cfg: Config, cells: List[Tuple[str, int]]) -> Dict[str, float]:
     for corruption, severity in [(CLEAN, 0)] + cells:
         start = time.perf_counter()
         loader = Runner.build_dataloader(cell_dataloader(
-            cfg, None if corruption == CLEAN else corruption, severity, 0, False, None))
+            cfg, corruption, severity, 0, False, None))
         for batch in loader:
             preprocessor(batch, False)
         out[f'{corruption}/{severity}'] = time.perf_counter() - start

@@ -1,28 +1,36 @@
 """The kinds of cell a robustness evaluation has, each one object: clean, corruption, attack, shift.
 
-A kind owns the names of its cells (each name is exactly one kind's) and says what the rest of
-the evaluation asks of them: whether mPC averages over them, whether they are images of their
-own (another test set, so that a per-image statistic pairs them only within the cell) and what a
-report calls them. The kinds are registered in run order; :func:`kind_of` answers for a name.
-A name no kind owns is an error, not a corruption: a new kind registers itself here
-(CONTRIBUTING.md, recipes) instead of being counted in mPC by default.
-"""
-from dataclasses import dataclass
-from typing import Callable, Dict
+A kind owns the names of its cells (each name is exactly one kind's) and everything the run does
+with them that differs by kind: which cells it plans and what the results identity records of
+them, its pre-flight checks, its dataloader, its model context (the attack's preprocessor), its
+evaluator config, its image roots, whether mPC averages over it and what a report calls it. The
+kinds are registered in run order; :func:`kind_of` answers for a name. A name no kind owns is an
+error, not a corruption: a new kind registers itself here (CONTRIBUTING.md, recipes) instead of
+being counted in mPC by default.
 
-from ...corruptions.protocols import CORRUPTIONS
-from ...datasets.shift_sets import SHIFT_SETS
+This module is the registry and the base class, and imports nothing of the run; the built-in
+kinds (:mod:`.corruption`, :mod:`.attack`, :mod:`.shift`) build on the run's machinery and
+register themselves when :mod:`mmrobust.evaluation` is imported.
+"""
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Mapping, Optional, Tuple
+
+from ...utils.config_checks import leaf_datasets
 from ...utils.errors import MMRobustError
 from ...utils.tables import RowTable
-from ..attack_families import ATTACK_FAMILIES
 
-__all__ = ['ATTACK', 'CELL_KINDS', 'CLEAN', 'CLEAN_SET', 'CORRUPTION', 'SHIFT', 'WORST',
-           'CellKind', 'UnknownCellError', 'counts_in_mpc', 'kind_of', 'register_cell_kind']
+__all__ = ['CELL_KINDS', 'CLEAN', 'WORST', 'Cell', 'CellKind', 'CellRun', 'Inferred', 'RunSpec',
+           'UnknownCellError', 'counts_in_mpc', 'kind_of', 'register_cell_kind']
 
 #: the clean test set's cell name (severity 0)
 CLEAN = 'clean'
 #: the per-image worst case over a run's attacks (:mod:`..worst_case`)
 WORST = 'worst'
+#: a cell: (its name, its severity, budget index or level)
+Cell = Tuple[str, int]
+#: what a kind's inference yields per cell: (cell, gathered results or None, the loop's
+#: metrics, dataset_meta, timing), for rank 0's metric queue
+Inferred = Tuple[Cell, Any, List[Any], Any, Dict[str, float]]
 
 
 class UnknownCellError(MMRobustError, ValueError):
@@ -30,20 +38,131 @@ class UnknownCellError(MMRobustError, ValueError):
 
 
 @dataclass(frozen=True)
+class RunSpec:
+    """What a robustness run evaluates, checked once before any model is built.
+
+    ``tools/test_robustness.py`` and :func:`~..robustness.evaluate_robustness` share it
+    (:meth:`~..robustness.RobustnessOptions.validated`): each kind's :meth:`CellKind.check`
+    runs once per run.
+
+    Attributes:
+        protocol: the corruption protocol (:class:`~mmrobust.corruptions.Protocol`).
+        seed, bgr_compat: of the corruptions (a stored set's own, from its manifest).
+        corrupted_root: the stored corrupted set read instead of corrupting on the fly.
+        stored_set: its provenance (:func:`~mmrobust.corruptions.stored.stored_set_identity`),
+            None on the fly or when the set has no manifest.
+        attacks: the attack cells (:func:`~..attacks.attack_plan`).
+        shifts: the real-world shift cells ``(set, level)``.
+        shift_roots: ``{family: root}`` of the shift sets.
+        kind_options: the options of kinds registered besides the built-in ones, by kind name
+            (each kind reads its own in :meth:`CellKind.identity` and its dataloader).
+    """
+    protocol: Any
+    seed: int = 0
+    bgr_compat: bool = False
+    corrupted_root: Optional[str] = None
+    stored_set: Optional[Mapping] = None
+    attacks: Optional[Mapping[str, Dict]] = None
+    shifts: Optional[Tuple[Cell, ...]] = None
+    shift_roots: Optional[Mapping[str, str]] = None
+    kind_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CellRun:
+    """What a kind's inference works with, for one run.
+
+    Attributes:
+        runner: the runner, its model built and its checkpoint loaded.
+        cfg: the config; ``light``: the config whose test pipeline decodes no ground-truth
+            mask that no metric reads (:func:`~..cell_evaluators.without_unread_gt_masks`).
+        spec: the run's :class:`RunSpec`.
+        evaluators: a cell's evaluator config (:class:`~..cell_evaluators.CellEvaluators`).
+        progress_bar: the run's :class:`~mmrobust.utils.progress.Progress`.
+        post_process_queue, prefetch: of :class:`~..overlapped_loop.OverlappedTestLoop`.
+        one_pass: one dataloader for every cell where a kind offers it.
+        writes_files: why every cell needs its own evaluator (a metric writes files), or None.
+        loading: how the cells were loaded, recorded in the results (a kind adds to it).
+    """
+    runner: Any
+    cfg: Any
+    light: Any
+    spec: RunSpec
+    evaluators: Callable[[Cell], Tuple[Any, List[Dict]]]
+    progress_bar: Any
+    post_process_queue: int
+    prefetch: int
+    one_pass: bool = True
+    writes_files: Optional[str] = None
+    loading: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class CellKind:
-    """One kind of cell.
+    """One kind of cell; a subclass overrides what its cells need (the base plans none).
 
     Args:
         name: the kind's name (``corruption``).
         owns: whether a cell name is one of this kind's.
         counts_in_mpc: mPC averages over its cells (the corruptions only).
         own_images: its cells are another image set than the clean test set's.
+        inferred_by: the kind whose :meth:`infer` takes this kind's cells with its own (the
+            clean cell rides with the corruptions, in their one pass); None: this kind's.
+        config_ground_truth: its inference reads the ground truth the config's own pipeline
+            loads (an attack's loss), not only what the metrics read.
+        category: what a report's category column says of its cells.
     """
 
     name: str
     owns: Callable[[str], bool]
     counts_in_mpc: bool = False
     own_images: bool = False
+    inferred_by: Optional[str] = None
+    config_ground_truth: bool = False
+    category: str = ''
+
+    def planned(self, identity: Mapping) -> List[Cell]:
+        """This kind's cells of a results identity, in run order."""
+        return []
+
+    def identity(self, spec: RunSpec) -> Dict[str, Any]:
+        """What the results identity records of this kind's cells."""
+        return {}
+
+    def check(self, spec: RunSpec) -> RunSpec:
+        """Pre-flight, before any model is built; returns the spec (a kind may resolve it)."""
+        return spec
+
+    def check_run(self, runner: Any, cfg: Any, spec: RunSpec) -> None:
+        """Pre-flight with the config and the model, before any inference."""
+
+    def label(self, cell: Cell) -> str:
+        """``fog 3``: a cell as the log and the progress bar name it."""
+        return f'{cell[0]} {cell[1]}'
+
+    def evaluator(self, evaluator_cfg: Any, cell: Cell, spec: RunSpec) -> Any:
+        """A cell's evaluator config, from the run's (a copy, edited in place)."""
+        return evaluator_cfg
+
+    def image_roots(self, cfg: Any, cell: Cell, spec: RunSpec) -> Tuple[str, ...]:
+        """Folders under which an image's relative path is the same in every cell.
+
+        The per-image statistics name images by it. The test datasets' data roots.
+        """
+        return tuple(str(d['data_root']) for d in leaf_datasets(cfg.test_dataloader['dataset'])
+                     if d.get('data_root'))
+
+    def model_context(self, run: CellRun, cell: Cell) -> ContextManager:
+        """What the model runs within for ``cell`` (an attack's preprocessor)."""
+        from contextlib import nullcontext
+        return nullcontext()
+
+    def infer(self, run: CellRun, cells: List[Cell]) -> Iterator[Inferred]:
+        """Every one of ``cells``' inference, cell by cell."""
+        raise NotImplementedError(
+            f'cell kind {self.name!r} plans cells but has no inference: subclass '
+            'mmrobust.evaluation.cell_kinds.per_cell.PerCellKind (a dataloader per cell) and '
+            'give it dataloader() (CONTRIBUTING.md, recipes)')
 
 
 #: the kinds by name, in run order
@@ -74,15 +193,3 @@ def kind_of(name: str) -> CellKind:
 def counts_in_mpc(name: str) -> bool:
     """Whether mPC averages over the cells of ``name``."""
     return kind_of(name).counts_in_mpc
-
-
-def _is_attack(name: str) -> bool:
-    family, _, norm = name.rpartition('_')
-    return name == WORST or (family in ATTACK_FAMILIES and norm in ATTACK_FAMILIES[family].norms)
-
-
-CLEAN_SET = register_cell_kind(CellKind('clean', lambda name: name == CLEAN))
-CORRUPTION = register_cell_kind(CellKind('corruption', lambda name: name in CORRUPTIONS,
-                                         counts_in_mpc=True))
-ATTACK = register_cell_kind(CellKind('attack', _is_attack))
-SHIFT = register_cell_kind(CellKind('shift', lambda name: name in SHIFT_SETS, own_images=True))

@@ -9,18 +9,26 @@ gives every cell the batches the config's own sampler would give this rank, neve
 cells in a batch, so the workers prefetch cell k+1 while cell k's last batches are in flight.
 """
 import copy
-from typing import Dict, Iterator, List, Optional, Sequence
+import time
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from mmengine.config import Config
+from mmengine.dist import get_dist_info
 from torch.utils.data import Dataset, Sampler
 
-from ..corruptions.stored import cell_image_path
-from ..datasets.transforms import CELL_KEY
-from ..utils.config_checks import leaf_datasets
-from .cells import CLEAN, Cell, CellSource, check_stored_paths, find_loading_step
+from ...corruptions.stored import cell_image_path
+from ...datasets.transforms import CELL_KEY
+from ...utils.config_checks import leaf_datasets
+from ...utils.progress import Progress
+from ..background import gather_parts
+from ..cell_inference import loading_share
+from ..cells import Cell, CellSource, check_stored_paths, find_loading_step
+from ..metric_queue import cell_label
+from ..overlapped_loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH, OverlappedTestLoop
+from . import CLEAN, Inferred
 
-__all__ = ['CellDataset', 'CellBatchSampler', 'OnePassUnsupported', 'one_pass_loader']
-
+__all__ = ['CellDataset', 'CellBatchSampler', 'OnePassUnsupported', 'one_pass_cells',
+           'one_pass_loader']
 
 
 class OnePassUnsupported(Exception):
@@ -152,3 +160,67 @@ def one_pass_loader(runner, cfg: Config, cells: Sequence[Cell], seed: int, bgr_c
     diff_rank_seed = runner._randomness_cfg.get('diff_rank_seed', False)
     loader = runner.build_dataloader(loader_cfg, seed=runner.seed, diff_rank_seed=diff_rank_seed)
     return loader, batches.batches_per_cell
+
+
+def one_pass_cells(runner, cfg: Config, cells: List[Cell], evaluator_cfg: Any,
+                   seed: int, bgr_compat: bool, corrupted_root: Optional[str],
+                   progress_bar: Progress, post_process_queue: int = DEFAULT_POST_PROCESS_QUEUE,
+                   prefetch: int = DEFAULT_PREFETCH) -> Iterator[Inferred]:
+    """Every cell's inference from one dataloader, the evaluator built once.
+
+    Yields as :func:`~..cell_inference.per_cell_cells`. Raises ``OnePassUnsupported`` before
+    any inference.
+    """
+    loader, per_cell = one_pass_loader(runner, cfg, cells, seed, bgr_compat, corrupted_root)
+    images = loader.dataset.images
+    _, world = get_dist_info()
+    loop = OverlappedTestLoop(runner, loader, evaluator_cfg,
+                              post_process_queue=post_process_queue, prefetch=prefetch)
+    runner._test_loop = loop  # NOTE: hooks that ask runner.test_dataloader get this one, and
+    # the runner does not build (and parse) the config's own test set besides
+    progress_bar.set_total(images * len(cells))
+    return _iterate_one_pass(runner, loop, cells, per_cell, images, world, progress_bar)
+
+
+def _batch_size(item: Any) -> int:
+    """Samples in a batch of :meth:`~.overlapped_loop.OverlappedTestLoop.batches`."""
+    batch = item[0] if isinstance(item, tuple) else item
+    return len(batch['inputs'])
+
+
+def _iterate_one_pass(runner, loop, cells, per_cell: int, images: int, world: int,
+                      progress_bar: Progress) -> Iterator[Inferred]:
+    """Cell by cell: this rank's ``per_cell`` batches of the cell, then every metric's gather.
+
+    The gather runs on every rank, even one without a batch of the cell (``round_up=False`` with
+    fewer images than ranks, ``drop_last``): the gather is a collective.
+    """
+    runner.call_hook('before_test')
+    runner.call_hook('before_test_epoch')
+    runner.model.eval()
+    batches = loop.batches()
+    index = 0
+    try:
+        for cell in cells:
+            progress_bar.describe(cell_label(cell))
+            start, shown, waited = time.perf_counter(), 0, loop.post_process.wait_s
+            for b in range(per_cell):
+                batch = next(batches)
+                loop.run_iter(index, batch)
+                index += 1
+                # NOTE: this rank's samples times the ranks, as far as the cell has images
+                seen = min(images, (b + 1) * _batch_size(batch) * world)
+                progress_bar.update(seen - shown)
+                shown = seen
+            if shown < images:  # NOTE: this rank had fewer (or no) batches than others
+                progress_bar.update(images - shown)
+            loop.finish_batches()  # NOTE: the cell's last batches processed before its gather
+            parts = [gather_parts(metric, images) for metric in loop.evaluator.metrics]
+            timing = {'inference_s': round(time.perf_counter() - start, 3),
+                      **loading_share(runner, per_cell),
+                      'post_process_wait_s': round(loop.post_process.wait_s - waited, 3)}
+            yield cell, parts, loop.evaluator.metrics, loop.evaluator.dataset_meta, timing
+    finally:  # NOTE: also when the caller stops early (an error, a generator closed)
+        loop.close(cancel=True)
+    runner.call_hook('after_test_epoch', metrics={})
+    runner.call_hook('after_test')
