@@ -169,7 +169,7 @@ def apply_test_args(cfg: Config, checkpoint: str, *, out: Optional[str] = None,
     cfg.load_from = checkpoint
     # a COCO metric given `backend=...` (e.g. --cfg-options test_evaluator.backend=...) is
     # evaluated by that library; one without keeps mmdet's CocoMetric
-    from ..evaluation.coco_metric import select_coco_backend
+    from ..evaluation.evaluator_cfg import select_coco_backend
     select_coco_backend(cfg.test_evaluator)
     if show or show_dir:
         _trigger_visualization(cfg, show, show_dir, wait_time)

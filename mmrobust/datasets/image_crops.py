@@ -70,7 +70,8 @@ def dataset_image_paths(config: str, loader: str) -> List[str]:
     """Paths of the images of ``loader``'s dataset in an mmdet/mmseg config (no labels read)."""
     from mmengine.registry import DefaultScope
 
-    import mmrobust  # noqa: F401  (registers mmrobust's datasets and transforms)
+    # NOTE: mmrobust's datasets and transforms are registered: importing this module imported
+    # the mmrobust package first
     cfg = Config.fromfile(config)
     scope = config_scope(cfg)
     check_dataset_paths(cfg, [loader])

@@ -4,12 +4,14 @@ No pixels: objects are polygons (for masks) with their boxes, crowd regions are 
 (as COCO stores them), and detections are jittered copies of the objects plus false positives,
 with masks encoded from polygons (no full-size arrays). Deterministic for a seed.
 """
-from typing import Dict, List, Tuple
+import argparse
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import pycocotools.mask as mask_utils
 
-__all__ = ['synthetic_coco_gt', 'synthetic_detections', 'detections_to_coco_results']
+__all__ = ['synthetic_coco_gt', 'synthetic_detections', 'detections_to_coco_results',
+           'synthetic_coco_cell', 'synthetic_coco_parser']
 
 
 def _polygon(rng: np.random.Generator, x: float, y: float, w: float, h: float) -> List[float]:
@@ -158,3 +160,31 @@ def detections_to_coco_results(detections: List[Dict], gt: Dict, iou_type: str) 
                                          if isinstance(counts, bytes) else counts}
             results.append(entry)
     return results
+
+
+# -- the synthetic COCO cell of the metric benchmarks ---------------------------------------------
+
+def synthetic_coco_parser(doc: str) -> argparse.ArgumentParser:
+    """A benchmark's parser with the arguments of a synthetic COCO cell.
+
+    A benchmark's parser (described by the first line of ``doc``) with the arguments of a synthetic
+    COCO-format cell (``benchmark_coco_metric.py``, ``benchmark_bootstrap.py``): images, detections
+    per image, classes, timed rounds, seed.
+    """
+    parser = argparse.ArgumentParser(description=doc.split('\n')[0])
+    parser.add_argument('--n', type=int, default=500, help='images (default 500)')
+    parser.add_argument('--per-image', type=int, default=100, help='detections per image')
+    parser.add_argument('--classes', type=int, default=80)
+    parser.add_argument('--rounds', type=int, default=3, help='timed rounds (default 3)')
+    parser.add_argument('--seed', type=int, default=0)
+    return parser
+
+
+def synthetic_coco_cell(args: Any) -> Tuple[Dict, List[Dict]]:
+    """The ground truth and the detections of a synthetic COCO cell.
+
+    The ground truth (crowd regions in 5% of the images) and the detections of the cell
+    :func:`synthetic_coco_parser` describes.
+    """
+    gt = synthetic_coco_gt(args.n, args.classes, crowd_prob=0.05, seed=args.seed)
+    return gt, synthetic_detections(gt, per_image=args.per_image, seed=args.seed)

@@ -1,10 +1,11 @@
 """Robustness evaluation (corruption cells, results files), its metrics and its reports."""
 from ..utils.io import ResultsMismatchError
-from .background import MetricWorkerError
 from .cell_kinds import shift as _kinds  # noqa: F401  (registers the built-in kinds, in run order)
-from .cells import CLEAN, PipelineError, cell_dataloader, find_loading_step
+from .cells import CLEAN, cell_dataloader
 from .coco_metric import COCO_BACKENDS, RobustCocoMetric, coco_backend
 from .dump import DumpRobustPredictions
+from .evaluator_cfg import PipelineError, find_loading_step
+from .metric_worker import MetricWorkerError
 from .metrics import robustness_summary
 from .rank0 import results_lock
 from .results import RESULTS_FORMAT, RobustnessResults, load_results, report_dir

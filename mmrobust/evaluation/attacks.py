@@ -49,8 +49,8 @@ from .cells import (
     annotations_after_resize,
     attack_names,
     gt_at_file_scale,
-    transform_names,
 )
+from .evaluator_cfg import transform_names
 
 __all__ = ['ATTACKS', 'NORMS', 'Attack', 'AttackError', 'AttackLossError', 'AttackResult',
            'annotations_after_resize',

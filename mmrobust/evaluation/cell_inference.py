@@ -10,10 +10,9 @@ from contextlib import nullcontext
 from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Tuple
 
 from ..utils.progress import Progress
-from .background import InferenceLoop
 from .cell_kinds import Cell, Inferred
 from .metric_queue import cell_label
-from .overlapped_loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH
+from .overlapped_loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH, InferenceLoop
 
 __all__ = ['loading_share', 'per_cell_cells']
 

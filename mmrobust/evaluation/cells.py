@@ -12,21 +12,21 @@ on the fly from ``seed`` and the channel order, or read from a stored set under
 import copy
 import os.path as osp
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence
 
 from mmengine.config import Config, ConfigDict
 
 from ..corruptions.stored import cell_folder, cell_image_path
 from ..datasets.shift_sets import shift_dataset
 from ..utils.config_checks import leaf_datasets
-from ..utils.errors import InputNotFoundError, MMRobustError
+from ..utils.errors import InputNotFoundError
 from .attack_families import ATTACK_FAMILIES, NORMS
 from .cell_kinds import CLEAN, WORST, Cell
+from .evaluator_cfg import find_loading_step, transform_names
 
 __all__ = ['ATTACKS', 'CLEAN', 'NORMS', 'SEGMENTATION_ONLY', 'WORST', 'Cell', 'CellSource',
-           'PipelineError', 'annotations_after_resize', 'attack_names', 'cell_dataloader',
-           'check_stored_leaves', 'check_stored_paths', 'find_loading_step', 'gt_at_file_scale',
-           'shift_dataloader', 'transform_names']
+           'annotations_after_resize', 'attack_names', 'cell_dataloader', 'check_stored_leaves',
+           'check_stored_paths', 'gt_at_file_scale', 'shift_dataloader']
 
 #: the built-in attack families (``pgd_linf``, ``fgsm_l2``, ...); each is a row of
 #: :data:`~.attack_families.ATTACK_FAMILIES`, where families registered later join them
@@ -38,35 +38,6 @@ SEGMENTATION_ONLY = tuple(f.name for f in ATTACK_FAMILIES.values() if f.segmenta
 def attack_names() -> List[str]:
     """Every attack cell name, ``<family>_<norm>``, of every registered family."""
     return [name for family in ATTACK_FAMILIES.values() for name in family.cell_names()]
-
-
-class PipelineError(MMRobustError, ValueError):
-    """The test pipeline cannot be corrupted (no image-loading step)."""
-
-
-# -- pipeline edits --------------------------------------------------------------------------------
-
-def transform_names(pipeline: Sequence) -> List[str]:
-    """The type names of a pipeline's transforms (configs, classes or instances).
-
-    The scope is dropped (``mmdet.Resize`` → ``Resize``).
-    """
-    def kind(step) -> str:
-        name = step.get('type', '') if isinstance(step, Mapping) else type(step).__name__
-        return (name if isinstance(name, str) else getattr(name, '__name__', '')).split('.')[-1]
-    return [kind(s) for s in pipeline]
-
-
-def find_loading_step(pipeline: List[Dict]) -> int:
-    """Index of the image-loading transform (``LoadImageFromFile`` and kin), found by type."""
-    for i, kind in enumerate(transform_names(pipeline)):
-        if kind.startswith('LoadImageFrom'):
-            return i
-    types = [s.get('type') if isinstance(s, dict) else type(s).__name__ for s in pipeline]
-    raise PipelineError(
-        f'The test pipeline has no image-loading step (LoadImageFromFile or similar), so there '
-        f'is no place to corrupt the images: {types}. Add one, or evaluate a stored corrupted '
-        'set with --corrupted-root.')
 
 
 def annotations_after_resize(pipeline: Sequence) -> bool:

@@ -11,7 +11,8 @@ masks are run-length encoded faster (:mod:`.mask_rle`, byte-identical) and whose
   default of robustness runs;
 - ``mmdet-mp``: pycocotools with mmdet's multi-process ``COCOevalMP`` (``use_mp_eval=True``).
 
-``tools/analysis_tools/benchmark_coco_metric.py`` times them on the same predictions.
+``tools/analysis_tools/benchmark_coco_metric.py`` times them on the same predictions. Which
+backend an evaluator config's COCO metrics use is chosen in :mod:`.evaluator_cfg`.
 """
 import copy
 import importlib
@@ -19,7 +20,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from mmdet.evaluation.metrics import CocoMetric
 
@@ -27,8 +28,7 @@ from ..registry import METRICS
 from ..utils.errors import MMRobustError, UsageError
 
 __all__ = ['COCO_BACKENDS', 'DEFAULT_ROBUSTNESS_BACKEND', 'CocoBackend', 'UnknownBackendError',
-           'BackendNotInstalledError', 'coco_backend', 'RobustCocoMetric', 'select_coco_backend',
-           'is_coco_metric', 'metric_entries', 'without_backend']
+           'BackendNotInstalledError', 'coco_backend', 'RobustCocoMetric']
 
 
 @dataclass(frozen=True)
@@ -285,72 +285,3 @@ def _empty_results_scored(coco_api: Any) -> Iterator[None]:
             yield
         finally:
             cls.loadRes = original
-
-
-# -- choosing the backend of an evaluator config --------------------------------------------------
-
-_COCO_TYPES = ('CocoMetric', 'mmdet.CocoMetric', 'RobustCocoMetric', 'mmrobust.RobustCocoMetric')
-
-
-def metric_entries(evaluator: Any) -> List[Dict]:
-    """The metric configs of an evaluator config (a metric, a list, or ``dict(metrics=...)``)."""
-    if isinstance(evaluator, (list, tuple)):
-        return [m for e in evaluator for m in metric_entries(e)]
-    if isinstance(evaluator, dict) and 'metrics' in evaluator:
-        return metric_entries(evaluator['metrics'])
-    return [evaluator] if isinstance(evaluator, dict) else []
-
-
-def is_coco_metric(entry: Dict) -> bool:
-    """Whether a metric config is mmdet's or mmrobust's COCO metric."""
-    kind = entry.get('type')
-    name = kind if isinstance(kind, str) else getattr(kind, '__name__', '')
-    return name in _COCO_TYPES
-
-
-def select_coco_backend(evaluator: Any, backend: Optional[str] = None,
-                        default: Optional[str] = None) -> Tuple[Any, List[str]]:
-    """Evaluate every COCO metric of an evaluator config with a chosen COCO library.
-
-    Args:
-        evaluator: a ``test_evaluator`` config; changed in place.
-        backend: the user's choice (``--coco-backend``) for every COCO metric.
-        default: without ``backend``, the backend of a COCO metric that names none (a metric's
-            own ``backend=...`` wins); None leaves such a metric mmdet's.
-
-    Returns:
-        The evaluator config and the backends used (``'name version'``), one per COCO metric.
-
-    Raises:
-        UnknownBackendError, BackendNotInstalledError: as :func:`coco_backend`.
-    """
-    labels = []
-    for entry in metric_entries(evaluator):
-        if not is_coco_metric(entry):
-            continue
-        chosen = backend or entry.get('backend') or default
-        if chosen is None:
-            chosen = 'mmdet-mp' if entry.get('use_mp_eval') else 'pycocotools'
-            labels.append(coco_backend(chosen).label)
-            continue
-        labels.append(coco_backend(chosen).label)  # NOTE: fails here, before any inference
-        entry.pop('use_mp_eval', None)
-        entry['type'] = 'RobustCocoMetric'
-        entry['backend'] = chosen
-    return evaluator, labels
-
-
-def without_backend(evaluator: Any) -> Any:
-    """A copy of an evaluator config without its COCO metrics' ``backend`` keys.
-
-    The backend changes how fast the numbers come, not what they are (for fingerprints of what is
-    evaluated).
-    """
-    evaluator = copy.deepcopy(evaluator)
-    for entry in metric_entries(evaluator):
-        if is_coco_metric(entry):
-            entry.pop('backend', None)
-            entry.pop('use_mp_eval', None)
-            if entry.get('type') in _COCO_TYPES[2:]:
-                entry['type'] = 'CocoMetric'
-    return evaluator

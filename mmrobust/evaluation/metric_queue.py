@@ -1,8 +1,9 @@
 """Rank 0's queue of cells' metrics: each cell's metric computed and recorded, in order.
 
-With depth K > 0 a cell's predictions are saved (:func:`~.background.save_cell_predictions`) and
-its metric is computed by a :class:`~.background.MetricWorker` process while the next cells
-infer, at most K cells in flight (the loop waits when the worker falls behind); K = 0 is the
+With depth K > 0 a cell's predictions are saved
+(:func:`~.predictions_file.save_cell_predictions`) and its metric is computed by a
+:class:`~.metric_worker.MetricWorker` process while the next cells infer,
+at most K cells in flight (the loop waits when the worker falls behind); K = 0 is the
 serial case of the same queue: each cell's metric right after its inference, in this process.
 A cell is recorded in the results file (and its per-image statistics written) when its metric
 is done, oldest first; its saved predictions are removed only then.
@@ -21,19 +22,16 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequenc
 
 from mmengine.logging import print_log
 
-from .background import (
-    MetricWorker,
-    MetricWorkerError,
+from .cell_kinds import Cell, kind_of
+from .evaluator_cfg import FILE_WRITING_METRICS
+from .metric_worker import MetricWorker, MetricWorkerError, WorkerDiedError, compute_metrics
+from .per_image import StatsTarget, write_cell_stats
+from .predictions_file import (
     PredictionsPicklingError,
-    WorkerDiedError,
-    compute_metrics,
     load_cell_predictions,
     predictions_path,
     save_cell_predictions,
 )
-from .cell_evaluators import FILE_WRITING_METRICS
-from .cell_kinds import Cell, kind_of
-from .per_image import StatsTarget, write_cell_stats
 from .results import RobustnessResults, identity_sha256
 
 __all__ = ['MetricQueue', 'cell_label', 'in_thread', 'numeric']

@@ -26,17 +26,20 @@ are then the loop's to free, as when the loop makes them).
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+from mmengine.dist import collect_results, get_dist_info
+from mmengine.evaluator.metric import _to_cpu
+from mmengine.logging import print_log
 from mmengine.model import BaseModel, MMDistributedDataParallel, is_model_wrapper
 from mmengine.runner import TestLoop
 from mmengine.runner.amp import autocast
-from mmengine.runner.loops import _update_losses
+from mmengine.runner.loops import _parse_losses, _update_losses
 from typing_extensions import override
 
-__all__ = ['DEFAULT_POST_PROCESS_QUEUE', 'DEFAULT_PREFETCH', 'BatchPrefetcher',
-           'OverlappedTestLoop', 'PostProcessThread', 'split_test_step']
+__all__ = ['DEFAULT_POST_PROCESS_QUEUE', 'DEFAULT_PREFETCH', 'BatchPrefetcher', 'InferenceLoop',
+           'OverlappedTestLoop', 'PostProcessThread', 'gather_parts', 'split_test_step']
 
 #: Batches whose post-processing may wait in the queue while the loop runs the next ones.
 DEFAULT_POST_PROCESS_QUEUE = 2
@@ -228,9 +231,12 @@ class OverlappedTestLoop(TestLoop):
     (:class:`BatchPrefetcher`, ``prefetch`` batches, 0: in the loop) and post-processed behind
     (:class:`PostProcessThread` of depth ``post_process_queue``, 0: in the loop).
 
-    Iterate :meth:`batches` and pass each item to :meth:`run_iter`; :meth:`finish_batches`
-    waits for every submitted batch (before a metric's results are gathered); :meth:`close`
-    ends both threads.
+    :meth:`run` is ``TestLoop.run`` whose metrics are computed after every batch's
+    post-processing has drained. The steps, for a loop that stops elsewhere (:class:`InferenceLoop`
+    before ``compute_metrics``, the one-pass loop at each cell's end): :meth:`begin`, iterate
+    :meth:`batches` and pass each item to :meth:`run_iter`, :meth:`finish_batches` (every
+    submitted batch processed, before a metric's results are gathered), :meth:`close` (both
+    threads ended), :meth:`end`.
     """
 
     def __init__(self, runner, dataloader, evaluator, fp16: bool = False,
@@ -285,3 +291,69 @@ class OverlappedTestLoop(TestLoop):
             self._prefetcher.close()
             self._prefetcher = None
         self.post_process.close(cancel)
+
+    def begin(self) -> None:
+        """``TestLoop.run``'s start: its hooks, the model in eval mode, no test loss yet."""
+        self.runner.call_hook('before_test')
+        self.runner.call_hook('before_test_epoch')
+        self.runner.model.eval()
+        self.test_loss.clear()
+
+    def run_batches(self) -> None:
+        """Every batch of the dataloader, all of them post-processed; the threads ended after."""
+        try:
+            for idx, item in enumerate(self.batches()):
+                self.run_iter(idx, item)
+            self.finish_batches()
+        finally:
+            self.close(cancel=True)  # NOTE: finished, or stopping on an error
+
+    def end(self, metrics: dict) -> None:
+        """``TestLoop.run``'s end: its hooks, with ``metrics``."""
+        self.runner.call_hook('after_test_epoch', metrics=metrics)
+        self.runner.call_hook('after_test')
+
+    @override
+    def run(self) -> dict:
+        """``TestLoop.run``: the metrics computed once every batch has been post-processed."""
+        self.begin()
+        self.run_batches()  # NOTE: drains: TestLoop's own run() would compute the metrics with
+        # batches still waiting in the post-processing queue
+        metrics = self.evaluator.evaluate(len(self.dataloader.dataset))
+        if self.test_loss:
+            metrics.update(_parse_losses(self.test_loss, 'test'))
+        self.end(metrics)
+        return metrics
+
+
+class InferenceLoop(OverlappedTestLoop):
+    """:class:`OverlappedTestLoop` whose :meth:`run` stops before ``compute_metrics``.
+
+    Every rank runs the batches and each metric's ``process``, then each metric's results are
+    gathered to rank 0 (``collect_results``, every rank takes part).
+
+    Returns (from :meth:`run`): on rank 0 the gathered results, one list per metric of the
+    evaluator, in order; ``None`` on the other ranks.
+    """
+
+    @override
+    def run(self) -> Optional[List[list]]:  # type: ignore[override]
+        self.begin()
+        self.run_batches()
+        size = len(self.dataloader.dataset)
+        parts = [gather_parts(metric, size) for metric in self.evaluator.metrics]
+        self.end({})  # NOTE: the metrics are logged when they are recorded, maybe a cell later
+        return parts if get_dist_info()[0] == 0 else None
+
+
+def gather_parts(metric: Any, size: int) -> Optional[list]:
+    """``BaseMetric.evaluate`` up to ``compute_metrics``: the results of every rank on rank 0."""
+    if not metric.results:
+        print_log(f'{type(metric).__name__} got no results from `process`.', logger='current',
+                  level=30)
+    if metric.collect_device == 'cpu':
+        results = collect_results(metric.results, size, 'cpu', tmpdir=metric.collect_dir)
+    else:
+        results = collect_results(metric.results, size, metric.collect_device)
+    metric.results.clear()
+    return _to_cpu(results) if get_dist_info()[0] == 0 else None

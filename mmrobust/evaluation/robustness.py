@@ -33,11 +33,11 @@ from ..corruptions import Protocol
 from ..utils.errors import UsageError
 from ..utils.processes import children_die_with_parent
 from ..utils.progress import Progress
-from .background import worker_imports
-from .cell_evaluators import CellEvaluators, side_file_metrics, without_unread_gt_masks
+from .cell_evaluators import CellEvaluators
 from .cell_kinds import CELL_KINDS, WORST, Cell, CellKind, CellRun, RunSpec, kind_of
-from .coco_metric import without_backend
+from .evaluator_cfg import side_file_metrics, without_backend, without_unread_gt_masks
 from .metric_queue import MetricQueue
+from .metric_worker import worker_imports
 from .overlapped_loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH
 from .per_image import StatsTarget, stats_path
 from .rank0 import RANK0_POLL_S, Plan, broadcast_plan, plan_on_rank0, rank0_until_done

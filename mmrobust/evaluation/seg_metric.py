@@ -16,7 +16,7 @@ from typing_extensions import override
 
 from ..registry import METRICS
 
-__all__ = ['FastIoUMetric', 'confusion_areas', 'use_fast_iou']
+__all__ = ['FastIoUMetric', 'confusion_areas']
 
 
 def confusion_areas(pred_label: torch.Tensor, label: torch.Tensor, num_classes: int,
@@ -88,17 +88,3 @@ class FastIoUMetric(IoUMetric):
     def intersect_and_union(pred_label: torch.Tensor, label: torch.Tensor, num_classes: int,
                             ignore_index: int) -> Tuple[torch.Tensor, ...]:
         return confusion_areas(pred_label, label, num_classes, ignore_index)
-
-
-def use_fast_iou(evaluator):
-    """Make every ``IoUMetric`` of an evaluator config a :class:`FastIoUMetric` (in place).
-
-    Returns the config and how many were replaced.
-    """
-    from .coco_metric import metric_entries
-    count = 0
-    for entry in metric_entries(evaluator):
-        if entry.get('type') in ('IoUMetric', 'mmseg.IoUMetric', IoUMetric):
-            entry['type'] = 'FastIoUMetric'
-            count += 1
-    return evaluator, count

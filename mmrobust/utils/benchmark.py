@@ -10,7 +10,6 @@ and range over the rounds; ratios are formed round by round, between steps taken
   process (so that peak memory is their own): the parent asks one worker at a time to take a
   step and waits for it, so only one case runs at any moment.
 """
-import argparse
 import multiprocessing as mp
 import resource
 import statistics
@@ -185,32 +184,3 @@ def interleave_processes(cases: Mapping[str, Tuple[Callable[..., Any], tuple]], 
     finally:
         for worker in workers.values():
             worker.close()
-
-
-# -- the synthetic COCO cell of the metric benchmarks ---------------------------------------------
-
-def synthetic_coco_parser(doc: str) -> argparse.ArgumentParser:
-    """A benchmark's parser with the arguments of a synthetic COCO cell.
-
-    A benchmark's parser (described by the first line of ``doc``) with the arguments of a synthetic
-    COCO-format cell (``benchmark_coco_metric.py``, ``benchmark_bootstrap.py``): images, detections
-    per image, classes, timed rounds, seed.
-    """
-    parser = argparse.ArgumentParser(description=doc.split('\n')[0])
-    parser.add_argument('--n', type=int, default=500, help='images (default 500)')
-    parser.add_argument('--per-image', type=int, default=100, help='detections per image')
-    parser.add_argument('--classes', type=int, default=80)
-    parser.add_argument('--rounds', type=int, default=3, help='timed rounds (default 3)')
-    parser.add_argument('--seed', type=int, default=0)
-    return parser
-
-
-def synthetic_coco_cell(args: Any) -> Tuple[Dict, List[Dict]]:
-    """The ground truth and the detections of a synthetic COCO cell.
-
-    The ground truth (crowd regions in 5% of the images) and the detections of the cell
-    :func:`synthetic_coco_parser` describes.
-    """
-    from ..datasets.synthetic_coco import synthetic_coco_gt, synthetic_detections
-    gt = synthetic_coco_gt(args.n, args.classes, crowd_prob=0.05, seed=args.seed)
-    return gt, synthetic_detections(gt, per_image=args.per_image, seed=args.seed)

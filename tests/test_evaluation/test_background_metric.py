@@ -16,8 +16,8 @@ from mmengine.config import Config
 from test_robustness import NO_WORKERS, SEG_CFG, _cells, _init_checkpoint
 
 from mmrobust.evaluation import RESULTS_FORMAT, load_results
-from mmrobust.evaluation.background import (
-    DELAY_ENV,
+from mmrobust.evaluation.metric_worker import DELAY_ENV
+from mmrobust.evaluation.predictions_file import (
     predictions_path,
     save_cell_predictions,
     saved_cells,
@@ -45,7 +45,7 @@ def test_predictions_round_trip_through_the_restricted_loader(tmp_path):
     import numpy as np
     import torch
 
-    from mmrobust.evaluation.background import load_cell_predictions
+    from mmrobust.evaluation.predictions_file import load_cell_predictions
     parts = [[{'bboxes': np.arange(8, dtype=np.float32).reshape(2, 4),
                'labels': np.array([1, 2]), 'score': np.float32(0.5),
                'masks': [{'size': [4, 5], 'counts': b'\x01abc'}]}],
@@ -76,7 +76,7 @@ def test_data_structures_are_kept_and_unknown_objects_refused_before_writing(tmp
     import numpy as np
     from mmdet.structures.mask import BitmapMasks
 
-    from mmrobust.evaluation.background import PredictionsPicklingError, load_cell_predictions
+    from mmrobust.evaluation.predictions_file import PredictionsPicklingError, load_cell_predictions
     path = predictions_path(str(tmp_path), 'fog', 3)
     masks = BitmapMasks(np.ones((2, 4, 5), np.uint8), 4, 5)
     save_cell_predictions(path, 'id', 'fog', 3, [[{'gt_masks': masks}]], {}, {})
@@ -100,7 +100,7 @@ def test_predictions_headers_are_read_without_unpickling_and_payloads_safely(tmp
     """
     import pickle
 
-    from mmrobust.evaluation.background import PREDICTIONS_FORMAT, load_cell_predictions
+    from mmrobust.evaluation.predictions_file import PREDICTIONS_FORMAT, load_cell_predictions
     path = tmp_path / 'fog_3.pkl'
     header = {'format': PREDICTIONS_FORMAT, 'identity_sha256': 'a', 'cell': ['fog', 3]}
     path.write_bytes(json.dumps(header).encode() + b'\n' + pickle.dumps({'parts': [_Evil()]}))

@@ -102,7 +102,7 @@ def _occlusion_kind():
     import copy
 
     from mmrobust.evaluation.cell_kinds.per_cell import PerCellKind
-    from mmrobust.evaluation.cells import find_loading_step
+    from mmrobust.evaluation.evaluator_cfg import find_loading_step
     from mmrobust.utils.config_checks import leaf_datasets
 
     class OcclusionKind(PerCellKind):

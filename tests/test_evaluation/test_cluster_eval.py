@@ -86,7 +86,7 @@ def test_ranks_wait_for_rank0s_metric_worker_in_short_polls(toy_data, tmp_path, 
     """
     from test_robustness import _init_checkpoint
 
-    from mmrobust.evaluation.background import DELAY_ENV
+    from mmrobust.evaluation.metric_worker import DELAY_ENV
     ckpt = str(_init_checkpoint(SEG_CFG, tmp_path / 'seg.pth'))
     monkeypatch.setenv(DELAY_ENV, '12')  # NOTE: the ranks' metric worker inherits it
     cells = run_ranks(_evaluate, SEG_CFG, ckpt, str(tmp_path / 'w'), ONE_IMAGE, ['fog'],
@@ -122,11 +122,8 @@ def test_the_metric_worker_leaves_no_thread_in_the_loops_process(tmp_path):
 
     import torch
 
-    from mmrobust.evaluation.background import (
-        MetricWorker,
-        predictions_path,
-        save_cell_predictions,
-    )
+    from mmrobust.evaluation.metric_worker import MetricWorker
+    from mmrobust.evaluation.predictions_file import predictions_path, save_cell_predictions
     path = predictions_path(str(tmp_path), 'fog', 1)
     areas = tuple(torch.ones(3) for _ in range(4))
     save_cell_predictions(path, 'x', 'fog', 1, [[areas]], {'classes': ('a', 'b', 'c')}, {})
@@ -177,7 +174,7 @@ def test_a_metric_of_a_user_module_is_computed_by_the_worker(toy_data, tmp_path,
 def test_a_metric_the_worker_cannot_import_stops_before_inference(tmp_path):
     import importlib.util
 
-    from mmrobust.evaluation.background import MetricClassError, worker_imports
+    from mmrobust.evaluation.metric_worker import MetricClassError, worker_imports
     (tmp_path / 'hidden.py').write_text(LAB_METRIC.format(name='HiddenLabIoUMetric'))
     spec = importlib.util.spec_from_file_location('hidden_lab_metrics', tmp_path / 'hidden.py')
     spec.loader.exec_module(importlib.util.module_from_spec(spec))  # by path: not importable
@@ -286,7 +283,7 @@ def test_a_metric_that_writes_files_reads_only_its_cells(toy_data, tmp_path, mon
     """
     from test_robustness import _init_checkpoint
 
-    from mmrobust.evaluation.background import DELAY_ENV
+    from mmrobust.evaluation.metric_worker import DELAY_ENV
     (tmp_path / 'lab_files.py').write_text(FILES_METRIC)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv(DELAY_ENV, '3')
@@ -310,7 +307,7 @@ def test_a_metric_that_writes_files_reads_only_its_cells(toy_data, tmp_path, mon
 
 
 def test_format_only_is_refused_and_outputs_are_made_each_cells_own():
-    from mmrobust.evaluation.cell_evaluators import cell_metric_outputs, side_file_metrics
+    from mmrobust.evaluation.evaluator_cfg import cell_metric_outputs, side_file_metrics
     from mmrobust.utils.errors import ConfigError
     with pytest.raises(ConfigError, match='CocoMetric is format_only'):
         side_file_metrics([dict(type='IoUMetric'), dict(type='CocoMetric', format_only=True)])

@@ -208,7 +208,7 @@ def test_backends_equal_pycocotools_on_the_trained_toy_detector(trained_toy_dete
 
 
 def test_robustness_runs_choose_the_backend_of_every_coco_metric():
-    from mmrobust.evaluation.coco_metric import select_coco_backend, without_backend
+    from mmrobust.evaluation.evaluator_cfg import select_coco_backend, without_backend
     faster = coco_backend('faster-coco-eval').label
     evaluator = [dict(type='CocoMetric', ann_file='a.json', use_mp_eval=True),
                  dict(type='IoUMetric'), dict(type='CocoMetric', backend='pycocotools')]

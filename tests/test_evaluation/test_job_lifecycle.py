@@ -127,7 +127,7 @@ def _mask_rcnn_with_masks_read(tmp_path: Path) -> Path:
 @pytest.mark.slow
 def test_a_run_killed_mid_cell_resumes_at_once_to_an_uninterrupted_runs_numbers(toy_data,
                                                                                tmp_path):
-    from mmrobust.evaluation.background import DELAY_ENV
+    from mmrobust.evaluation.metric_worker import DELAY_ENV
     ckpt = _init_checkpoint(MASK_RCNN, tmp_path / 'mask.pth')
     config = _mask_rcnn_with_masks_read(tmp_path)
     whole = tmp_path / 'whole.json'
@@ -180,13 +180,9 @@ def test_every_coco_backend_computes_in_the_worker_as_in_the_loop(tmp_path):
     """The worker (not a daemon) may start mmdet-mp's pool; numbers equal the loop's."""
     import torch
 
-    from mmrobust.evaluation.background import (
-        MetricWorker,
-        compute_metrics,
-        predictions_path,
-        save_cell_predictions,
-    )
     from mmrobust.evaluation.coco_metric import COCO_BACKENDS
+    from mmrobust.evaluation.metric_worker import MetricWorker, compute_metrics
+    from mmrobust.evaluation.predictions_file import predictions_path, save_cell_predictions
     from mmrobust.registry import METRICS
     gt, dets = _small_coco(tmp_path)
     meta = {'classes': tuple(c['name'] for c in gt['categories'])}
@@ -325,7 +321,7 @@ def test_mmdets_cityscapes_metric_keeps_its_files_with_the_default_queue(toy_dat
 
 
 def test_file_writing_metrics_are_known_by_scoped_names_too():
-    from mmrobust.evaluation.cell_evaluators import side_file_metrics
+    from mmrobust.evaluation.evaluator_cfg import side_file_metrics
     for kind in ('CityscapesMetric', 'mmseg.CityscapesMetric', 'mmdet.CityScapesMetric'):
         assert kind.split('.')[-1] in side_file_metrics(dict(type=kind, output_dir='x'))
     assert side_file_metrics([dict(type='mmdet.CocoMetric')]) is None
@@ -377,7 +373,7 @@ def test_a_set_without_manifest_is_known_by_its_content(tmp_path, monkeypatch):
 # -- 5. optional custom imports ------------------------------------------------------------------
 
 def test_optional_custom_imports_that_failed_are_left_out_and_required_ones_checked_first():
-    from mmrobust.evaluation.background import worker_imports
+    from mmrobust.evaluation.metric_worker import worker_imports
     from mmrobust.utils.errors import ConfigError
     optional = dict(imports=['os', 'mmrobust_no_such_module'], allow_failed_imports=True)
     assert worker_imports([dict(type='IoUMetric')], optional, 'mmseg') == [

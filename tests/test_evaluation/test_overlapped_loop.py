@@ -219,7 +219,7 @@ def test_overlapped_loop_scores_as_the_serial_loop(toy_data, tmp_path):
 
 
 def test_gt_masks_stay_where_a_metric_may_read_them():
-    from mmrobust.evaluation.cell_evaluators import without_unread_gt_masks
+    from mmrobust.evaluation.evaluator_cfg import without_unread_gt_masks
     cfg = Config.fromfile(str(REPO / DEMO_DET_CFG))
     ann = cfg.test_evaluator.get('ann_file')
     assert ann
@@ -240,3 +240,37 @@ def test_gt_masks_stay_where_a_metric_may_read_them():
                                             if s['type'] != 'LoadAnnotations']
     assert without_unread_gt_masks(cfg, cfg.test_evaluator) == (cfg, None)
 
+
+
+def test_run_computes_the_metrics_after_every_batch_is_post_processed():
+    """``OverlappedTestLoop.run()`` drains its post-processing queue before ``evaluate``.
+
+    mmengine's ``TestLoop.run``, which it inherited, would have computed the metrics with batches
+    still waiting in the queue (and left its thread running).
+    """
+    from mmrobust.evaluation.overlapped_loop import OverlappedTestLoop
+
+    class Evaluator(_Recorder):
+        def evaluate(self, size):
+            return {'seen_at_evaluate': list(self.seen), 'size': size}
+
+    class Runner:
+        hooks = []
+
+        def call_hook(self, name, **kwargs):
+            self.hooks.append(name)
+
+    class Model(torch.nn.Module):
+        def test_step(self, batch):
+            return [batch]
+
+    runner = Runner()
+    runner.model = Model()
+    data = torch.utils.data.DataLoader(list(range(8)), batch_size=None)
+    evaluator = Evaluator(delay=0.02)
+    loop = OverlappedTestLoop(runner, data, evaluator, post_process_queue=3, prefetch=0)
+    metrics = loop.run()
+    assert metrics == {'seen_at_evaluate': list(range(8)), 'size': 8}
+    assert runner.hooks[:2] == ['before_test', 'before_test_epoch']
+    assert runner.hooks[-2:] == ['after_test_epoch', 'after_test']
+    assert loop.post_process._thread is None  # NOTE: ended

@@ -7,7 +7,8 @@ import pytest
 import torch
 from mmseg.evaluation import IoUMetric
 
-from mmrobust.evaluation.seg_metric import FastIoUMetric, confusion_areas, use_fast_iou
+from mmrobust.evaluation.evaluator_cfg import use_fast_iou
+from mmrobust.evaluation.seg_metric import FastIoUMetric, confusion_areas
 
 
 def _maps(case: str, seed: int = 0):

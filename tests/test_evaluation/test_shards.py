@@ -267,7 +267,7 @@ def test_a_killed_shard_resumes_like_an_unsharded_run(toy_data, tmp_path):
     from test_background_metric import _start, _wait_for
     from test_robustness import NO_WORKERS, SEG_CFG, _cells, _init_checkpoint
 
-    from mmrobust.evaluation.background import DELAY_ENV
+    from mmrobust.evaluation.metric_worker import DELAY_ENV
     ckpt = _init_checkpoint(SEG_CFG, tmp_path / 'seg.pth')
     cells = ['--corruptions', 'snow', 'fog', '--severities', '2']
     whole = tmp_path / 'whole.json'
@@ -294,8 +294,8 @@ def test_one_layout_names_every_side_file(tmp_path):
 
     Named in one place and used by the predictions, the statistics and the report.
     """
-    from mmrobust.evaluation.background import predictions_dir, predictions_path
     from mmrobust.evaluation.per_image import stats_dir, stats_path
+    from mmrobust.evaluation.predictions_file import predictions_dir, predictions_path
     from mmrobust.evaluation.results import ResultsLayout, report_dir
     results = str(tmp_path / 'w' / 'robustness_benchmark.json')
     layout = ResultsLayout(results)

@@ -41,7 +41,11 @@ from typing import Any, Dict
 
 import numpy as np
 
-from mmrobust.datasets.synthetic_coco import detections_to_coco_results
+from mmrobust.datasets.synthetic_coco import (
+    detections_to_coco_results,
+    synthetic_coco_cell,
+    synthetic_coco_parser,
+)
 from mmrobust.evaluation.coco_metric import coco_backend
 from mmrobust.evaluation.per_image import CocoAP, coco_block, save_cell_stats
 from mmrobust.evaluation.uncertainty import bootstrap_weights
@@ -63,13 +67,13 @@ def evaluated(backend: str, gt_file: str, dets: list) -> Any:
 
 def main() -> None:
     """Time one cell's evaluation, statistics and bootstrap; print the table."""
-    parser = bench.synthetic_coco_parser(__doc__)
+    parser = synthetic_coco_parser(__doc__)
     parser.add_argument('--replicates', type=int, default=200)
     args = parser.parse_args()
     print(f'{args.n} images, {args.per_image} detections each, {args.classes} classes, bbox, '
           f'{args.replicates} replicates; {os.cpu_count()} CPUs, load average '
           f'{os.getloadavg()[0]:.2f}', flush=True)
-    gt, dets = bench.synthetic_coco_cell(args)
+    gt, dets = synthetic_coco_cell(args)
     dets = detections_to_coco_results(
         dets, gt, 'bbox')
     weights = bootstrap_weights(args.n, args.replicates, args.seed)

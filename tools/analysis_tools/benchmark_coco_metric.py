@@ -38,15 +38,17 @@ from typing import Dict, List
 
 import numpy as np
 
-from mmrobust.datasets.synthetic_coco import detections_to_coco_results
+from mmrobust.datasets.synthetic_coco import (
+    detections_to_coco_results,
+    synthetic_coco_cell,
+    synthetic_coco_parser,
+)
 from mmrobust.evaluation.coco_metric import COCO_BACKENDS, coco_backend
 from mmrobust.utils.benchmark import (
     fmt_range,
     interleave,
     ratio_summary,
     summary,
-    synthetic_coco_cell,
-    synthetic_coco_parser,
 )
 
 

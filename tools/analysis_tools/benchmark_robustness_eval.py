@@ -216,7 +216,7 @@ def measure_data(cfg: Config, cells: List[Tuple[str, int]]) -> Dict[str, float]:
     from mmengine.runner import Runner
 
     from mmrobust.evaluation import cell_dataloader
-    from mmrobust.evaluation.cell_evaluators import without_unread_gt_masks
+    from mmrobust.evaluation.evaluator_cfg import without_unread_gt_masks
     cfg, _ = without_unread_gt_masks(cfg, cfg.test_evaluator)  # NOTE: what the loop reads
     preprocessor = MODELS.build(cfg.model).data_preprocessor
     out = {}
@@ -235,7 +235,7 @@ def measure_metric(cfg: Config, n: int) -> Dict[str, Dict[str, float]]:
     """(iii) one cell's predictions through each backend: process (in the loop) and evaluate."""
     from mmdet.registry import METRICS
 
-    from mmrobust.evaluation.coco_metric import select_coco_backend
+    from mmrobust.evaluation.evaluator_cfg import select_coco_backend
     model = MODELS.build(cfg.model)
     model.latency = 0.0
     gt = json.load(open(cfg.test_evaluator['ann_file']))

@@ -20,7 +20,8 @@ from ...corruptions.stored import (
     stored_settings,
 )
 from ...utils.config_checks import leaf_datasets
-from ..cells import cell_dataloader, check_stored_leaves, find_loading_step
+from ..cells import cell_dataloader, check_stored_leaves
+from ..evaluator_cfg import find_loading_step
 from . import CLEAN, Cell, CellRun, Inferred, RunSpec, register_cell_kind
 from .one_pass import OnePassUnsupported, one_pass_cells
 from .per_cell import PerCellKind

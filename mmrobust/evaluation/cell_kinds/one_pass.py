@@ -20,11 +20,16 @@ from ...corruptions.stored import cell_image_path
 from ...datasets.transforms import CELL_KEY
 from ...utils.config_checks import leaf_datasets
 from ...utils.progress import Progress
-from ..background import gather_parts
 from ..cell_inference import loading_share
-from ..cells import Cell, CellSource, check_stored_paths, find_loading_step
+from ..cells import Cell, CellSource, check_stored_paths
+from ..evaluator_cfg import find_loading_step
 from ..metric_queue import cell_label
-from ..overlapped_loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH, OverlappedTestLoop
+from ..overlapped_loop import (
+    DEFAULT_POST_PROCESS_QUEUE,
+    DEFAULT_PREFETCH,
+    OverlappedTestLoop,
+    gather_parts,
+)
 from . import CLEAN, Inferred
 
 __all__ = ['CellDataset', 'CellBatchSampler', 'OnePassUnsupported', 'one_pass_cells',
@@ -195,9 +200,7 @@ def _iterate_one_pass(runner, loop, cells, per_cell: int, images: int, world: in
     The gather runs on every rank, even one without a batch of the cell (``round_up=False`` with
     fewer images than ranks, ``drop_last``): the gather is a collective.
     """
-    runner.call_hook('before_test')
-    runner.call_hook('before_test_epoch')
-    runner.model.eval()
+    loop.begin()
     batches = loop.batches()
     index = 0
     try:
@@ -222,5 +225,4 @@ def _iterate_one_pass(runner, loop, cells, per_cell: int, images: int, world: in
             yield cell, parts, loop.evaluator.metrics, loop.evaluator.dataset_meta, timing
     finally:  # NOTE: also when the caller stops early (an error, a generator closed)
         loop.close(cancel=True)
-    runner.call_hook('after_test_epoch', metrics={})
-    runner.call_hook('after_test')
+    loop.end({})

@@ -17,7 +17,7 @@ from ...datasets.shift_sets import (
 )
 from ...utils.config_checks import leaf_datasets
 from ..cells import shift_dataloader
-from ..coco_metric import is_coco_metric, metric_entries
+from ..evaluator_cfg import is_coco_metric, metric_entries
 from . import Cell, CellRun, RunSpec, register_cell_kind
 from . import attack as _attack  # noqa: F401  (registered before: run order)
 from .per_cell import PerCellKind

@@ -1,40 +1,28 @@
-"""A cell's metric computed beside the next cell's inference, from predictions saved on disk.
+"""A cell's metric computed beside the next cell's inference, in a process of its own.
 
-The robustness loop (:func:`~mmrobust.evaluation.robustness.evaluate_robustness`) runs a cell's
-inference with :class:`InferenceLoop`: mmengine's ``TestLoop`` up to and including each metric's
-per-batch ``process`` and the gathering of its results to rank 0, but without the metric's
-``compute_metrics``. Rank 0 writes the gathered results to a predictions file next to the results
-file (atomically) and hands the file to a :class:`MetricWorker`, a separate process (Python's GIL
-would otherwise slow the loop), while every rank goes on with the next cell. The file is removed
-only after the cell's metrics are in the results file, so a run killed during a metric resumes
-from it without inference.
+The robustness loop runs a cell's inference with :class:`~.overlapped_loop.InferenceLoop`
+(mmengine's ``TestLoop`` up to and including each metric's per-batch ``process`` and the
+gathering of its results to rank 0, without ``compute_metrics``). Rank 0 saves the gathered
+results (:mod:`.predictions_file`) and hands the file to a :class:`MetricWorker`, a separate
+process (Python's GIL would otherwise slow the loop), while every rank goes on with the next
+cell. :func:`worker_imports` says, before any inference, what the worker must import to build
+the config's metrics, and stops on a metric it cannot.
 """
 import json
 import multiprocessing.util as _multiprocessing_util
 import os
-import os.path as osp
-import pickle
 import time
 import weakref
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from mmengine.dist import collect_results, get_dist_info
-from mmengine.evaluator.metric import _to_cpu
 from mmengine.logging import print_log
-from typing_extensions import override
 
 from ..utils.errors import ConfigError, MMRobustError, shareable
-from ..utils.io import TMP_MARK, atomic_write
-from .overlapped_loop import OverlappedTestLoop
-from .results import ResultsLayout
+from .predictions_file import load_cell_predictions
 
-__all__ = ['PREDICTIONS_FORMAT', 'InferenceLoop', 'MetricClassError', 'MetricWorker',
-           'PredictionsPicklingError',
-           'MetricWorkerError', 'WorkerDiedError', 'worker_imports',
-           'compute_metrics', 'gather_parts', 'load_cell_predictions', 'predictions_dir',
-           'predictions_path', 'read_predictions_header', 'save_cell_predictions', 'saved_cells']
+__all__ = ['DELAY_ENV', 'MetricClassError', 'MetricWorker', 'MetricWorkerError',
+           'WorkerDiedError', 'compute_metrics', 'worker_imports']
 
-PREDICTIONS_FORMAT = 'mmrobust-cell-predictions/2'
 #: Test hook: seconds the metric worker sleeps before each cell (to kill a run mid-metric).
 DELAY_ENV = 'MMROBUST_METRIC_WORKER_DELAY_S'
 
@@ -51,251 +39,6 @@ class MetricClassError(ConfigError):
     """A metric whose class the metric worker cannot import (the message says what to do)."""
 
 
-# -- inference without the metric's computation ----------------------------------------------------
-
-class InferenceLoop(OverlappedTestLoop):
-    """mmengine's ``TestLoop`` whose :meth:`run` stops before ``compute_metrics``.
-
-    Every rank runs the batches and each metric's ``process`` (as ``TestLoop`` does, in the
-    post-processing thread of :class:`~.overlapped_loop.OverlappedTestLoop`), then each metric's
-    results are gathered to rank 0 (``collect_results``, every rank takes part).
-
-    Returns (from :meth:`run`): on rank 0 the gathered results, one list per metric of the
-    evaluator, in order; ``None`` on the other ranks.
-    """
-
-    @override
-    def run(self) -> Optional[List[list]]:  # type: ignore[override]
-        self.runner.call_hook('before_test')
-        self.runner.call_hook('before_test_epoch')
-        self.runner.model.eval()
-        self.test_loss.clear()
-        try:
-            for idx, item in enumerate(self.batches()):
-                self.run_iter(idx, item)
-            self.finish_batches()
-        finally:
-            self.close(cancel=True)  # NOTE: finished, or stopping on an error
-        size = len(self.dataloader.dataset)
-        parts = [gather_parts(metric, size) for metric in self.evaluator.metrics]
-        # NOTE: the metrics are logged when they are recorded, maybe a cell later
-        self.runner.call_hook('after_test_epoch', metrics={})
-        self.runner.call_hook('after_test')
-        return parts if get_dist_info()[0] == 0 else None
-
-
-def gather_parts(metric: Any, size: int) -> Optional[list]:
-    """``BaseMetric.evaluate`` up to ``compute_metrics``: the results of every rank on rank 0."""
-    if not metric.results:
-        print_log(f'{type(metric).__name__} got no results from `process`.', logger='current',
-                  level=30)
-    if metric.collect_device == 'cpu':
-        results = collect_results(metric.results, size, 'cpu', tmpdir=metric.collect_dir)
-    else:
-        results = collect_results(metric.results, size, metric.collect_device)
-    metric.results.clear()
-    return _to_cpu(results) if get_dist_info()[0] == 0 else None
-
-
-# -- the predictions of a cell on disk -------------------------------------------------------------
-
-def predictions_dir(results_path: str) -> str:
-    """``<results stem>_predictions/`` next to the results file.
-
-    The cells whose metrics are not recorded yet.
-    """
-    return ResultsLayout(results_path).predictions
-
-
-def predictions_path(folder: str, corruption: str, severity: int) -> str:
-    """Where a cell's predictions file lives in ``folder``."""
-    return ResultsLayout.cell_file(folder, corruption, severity, 'pkl')
-
-
-#: Modules whose classes are data containers a metric may keep in its results (OpenMMLab's
-#: data elements and mask structures): built by ``__new__`` and a ``__dict__`` update, no code.
-DATA_STRUCTURE_MODULES = ('mmengine.structures.', 'mmdet.structures.', 'mmseg.structures.')
-_ALLOWED: Dict[str, Any] = {}
-
-
-def _allowed(module: str, name: str) -> Any:
-    """The global ``module.name`` if a predictions file may name it, else None."""
-    if not _ALLOWED:
-        from ..utils.checkpoint import data_globals
-        _ALLOWED.update(data_globals())
-    full = f'{module}.{name}'
-    if full in _ALLOWED:
-        return _ALLOWED[full]
-    if module.startswith(DATA_STRUCTURE_MODULES) and '.' not in name:
-        import importlib
-        found = getattr(importlib.import_module(module), name, None)
-        if isinstance(found, type):
-            return found
-    return None
-
-
-class PredictionsPicklingError(pickle.PicklingError):
-    """A metric keeps an object a predictions file may not hold (the message names it)."""
-
-
-class _PredictionsPickler(pickle.Pickler):
-    """Pickles tensors as numpy arrays (by persistent id).
-
-    A predictions file needs no torch storage unpickling, which runs ``torch.load`` on bytes from
-    the file. Any other object must be one the loader accepts, checked here, before the file is
-    written.
-    """
-
-    def persistent_id(self, obj: Any) -> Any:
-        import torch
-        if isinstance(obj, torch.Tensor):
-            tensor = obj.detach().cpu()
-            if tensor.dtype == torch.bfloat16:  # NOTE: numpy has no bfloat16
-                return ('tensor', 'bfloat16', tensor.view(torch.int16).numpy())
-            return ('tensor', None, tensor.numpy())
-        return None
-
-    def reducer_override(self, obj: Any) -> Any:
-        import numpy as np
-        import torch
-        if isinstance(obj, (np.ndarray, np.generic, np.dtype, torch.dtype, torch.device,
-                            torch.Size)):
-            return NotImplemented
-        named = obj if isinstance(obj, type) or callable(obj) else type(obj)
-        module = getattr(named, '__module__', None) or ''
-        name = getattr(named, '__qualname__', getattr(named, '__name__', ''))
-        if _allowed(module, name) is None:
-            raise PredictionsPicklingError(
-                f'{module}.{name} is not allowed in a predictions file (only numbers, arrays, '
-                'tensors, containers and OpenMMLab data structures are)')
-        return NotImplemented
-
-
-class _PredictionsUnpickler(pickle.Unpickler):
-    """Loads a predictions file's payload.
-
-    The allow-listed globals only (anything else is an ``UnpicklingError`` that names it), tensors
-    from their arrays.
-    """
-
-    def find_class(self, module: str, name: str) -> Any:
-        found = _allowed(module, name)
-        if found is None:
-            raise pickle.UnpicklingError(
-                f'{module}.{name} is not allowed in a predictions file (only numbers, arrays, '
-                'tensors, containers and OpenMMLab data structures are)')
-        return found
-
-    def persistent_load(self, pid: Any) -> Any:
-        import torch
-        kind, dtype, array = pid
-        if kind != 'tensor':
-            raise pickle.UnpicklingError(f'unknown persistent id {kind!r}')
-        if not array.flags.writeable:
-            array = array.copy()
-        tensor = torch.from_numpy(array)
-        return tensor.view(torch.bfloat16) if dtype == 'bfloat16' else tensor
-
-
-def save_cell_predictions(path: str, identity_sha256: str, corruption: str, severity: int,
-                          parts: Sequence[list], dataset_meta: Optional[Mapping],
-                          timing: Mapping) -> None:
-    """Write a cell's gathered metric inputs atomically (flushed to disk before it is used).
-
-    A one-line header (:func:`read_predictions_header`), then the payload.
-    """
-    header = {'format': PREDICTIONS_FORMAT, 'identity_sha256': identity_sha256,
-              'cell': [corruption, int(severity)]}
-    payload = {'parts': list(parts), 'dataset_meta': dict(dataset_meta or {}),
-               'timing': dict(timing)}
-    with atomic_write(path, 'wb') as f:
-        f.write(json.dumps(header).encode() + b'\n')
-        # NOTE: protocol 4: numpy arrays through _reconstruct, which the allow-list has
-        _PredictionsPickler(f, protocol=4).dump(payload)
-
-
-def read_predictions_header(path: str) -> Dict[str, Any]:
-    """The header of a predictions file (format, identity fingerprint, cell).
-
-    Read without unpickling anything.
-
-    Raises:
-        ValueError: not a predictions file of :data:`PREDICTIONS_FORMAT` (e.g. an earlier
-            mmrobust's, in the general pickle format).
-    """
-    with open(path, 'rb') as f:
-        line = f.readline(1 << 16)
-    try:
-        header = json.loads(line)
-    except ValueError:
-        header = None
-    if not isinstance(header, dict) or header.get('format') != PREDICTIONS_FORMAT:
-        raise ValueError(f'{path} is not a predictions file of {PREDICTIONS_FORMAT} (an '
-                         'earlier mmrobust\'s, or another file)')
-    return header
-
-
-def load_cell_predictions(path: str) -> Dict:
-    """A predictions file this package wrote, as a dict (the header's keys and the payload's).
-
-    Loaded by a restricted unpickler.
-
-    Raises:
-        ValueError: not a predictions file of :data:`PREDICTIONS_FORMAT`.
-        pickle.UnpicklingError: the payload names anything but numbers, arrays, tensors and
-            containers (nothing of it ran).
-    """
-    header = read_predictions_header(path)
-    with open(path, 'rb') as f:
-        f.readline(1 << 16)
-        payload = _PredictionsUnpickler(f).load()
-    if not isinstance(payload, dict) or 'parts' not in payload:
-        raise ValueError(f'{path} holds no predictions payload')
-    return {**header, **payload}
-
-
-def saved_cells(folder: str, identity_sha256: str,
-                planned: Optional[Sequence[Tuple[str, int]]] = None
-                ) -> Tuple[Dict[Tuple[str, int], str], List[str]]:
-    """The predictions files in ``folder``, from their headers alone.
-
-    ``({(corruption, severity): path}, unused)``, where ``unused`` lists files that must not be
-    used: of another evaluation, unreadable, or of a cell that is not in ``planned`` (orphans); the
-    log says why for each.
-    """
-    found: Dict[Tuple[str, int], str] = {}
-    unused: List[str] = []
-    if not osp.isdir(folder):
-        return found, unused
-    wanted = None if planned is None else {(c, int(s)) for c, s in planned}
-    for name in sorted(os.listdir(folder)):
-        path = osp.join(folder, name)
-        if TMP_MARK in name or not name.endswith('.pkl'):
-            continue
-        try:
-            header = read_predictions_header(path)
-        except (OSError, ValueError) as err:
-            print_log(f'{path} cannot be used ({err}); its cell is inferred again',
-                      logger='current', level=30)
-            unused.append(path)
-            continue
-        if header['identity_sha256'] != identity_sha256:
-            print_log(f'{path}: predictions of another evaluation', logger='current', level=30)
-            unused.append(path)
-            continue
-        corruption, severity = header['cell']
-        cell = (corruption, int(severity))
-        if wanted is not None and cell not in wanted:
-            print_log(f'{path}: predictions of cell {cell[0]} {cell[1]}, which this evaluation '
-                      'does not plan (an orphan)', logger='current', level=30)
-            unused.append(path)
-            continue
-        found[cell] = path
-    return found, unused
-
-
-# -- computing the metrics -------------------------------------------------------------------------
-
 _BUILT: Dict[str, Any] = {}  # metric config (JSON) -> built metric, per process
 
 
@@ -303,8 +46,8 @@ def _metric(cfg: Mapping, scope: Optional[str]) -> Any:
     """The metric of ``cfg``, built once per process (a COCO metric parses its annotations once)."""
     from mmengine.registry import METRICS, init_default_scope
     key = json.dumps(cfg, sort_keys=True, default=str)
-    if key not in _BUILT:
-        import mmrobust  # noqa: F401  (registers mmrobust's metrics in a fresh worker)
+    if key not in _BUILT:  # NOTE: mmrobust's metrics are registered: this module's import
+        # imported the mmrobust package first, in a fresh worker too
         if scope:
             init_default_scope(scope)
         _BUILT[key] = METRICS.build(dict(cfg))
@@ -377,8 +120,7 @@ def _worker_main(conn: Any, scope: Optional[str], imports: Sequence[str], parent
     from ..utils.processes import children_die_with_parent, exit_with_parent
     exit_with_parent(parent)
     children_die_with_parent()
-    try:
-        import mmrobust  # noqa: F401  (registers mmrobust's metrics in a fresh worker)
+    try:  # NOTE: mmrobust's own metrics are registered (this module's package is imported)
         for module in imports:  # NOTE: the config's custom_imports (those that import here, see
             importlib.import_module(module)  # worker_imports) and the metrics' modules
     except BaseException as err:
@@ -554,7 +296,7 @@ def worker_imports(evaluator_cfg: Any, custom_imports: Optional[Mapping], scope:
 
     from mmengine.registry import METRICS
 
-    from .coco_metric import metric_entries
+    from .evaluator_cfg import metric_entries
     custom = dict(custom_imports or {})
     names = custom.get('imports') or []
     names = [names] if isinstance(names, str) else list(names)
