@@ -18,7 +18,7 @@ import pytest
 from mmrobust.corruptions import UnknownCorruptionError
 from mmrobust.evaluation.attacks import AttackError, AttackLossError
 from mmrobust.evaluation.metric_worker import MetricWorkerError
-from mmrobust.evaluation.results import ShardSpecError
+from mmrobust.evaluation.shards import ShardSpecError
 from mmrobust.models.checkpoint import CheckpointMismatchError
 from mmrobust.utils import FileLockedError, RegistryLookupError
 from mmrobust.utils.errors import (

@@ -50,7 +50,7 @@ from mmrobust.evaluation.uncertainty import DEFAULT_REPLICATES, Bootstrap
 def merge(argv: List[str]) -> int:
     """``merge SHARD... --out MERGED``: one results file from the shards' files."""
     from mmrobust.evaluation.per_image import stats_folders
-    from mmrobust.evaluation.results import merge_results
+    from mmrobust.evaluation.shards import merge_results
     from mmrobust.evaluation.worst_case import add_worst_case
     from mmrobust.utils.io import atomic_json, exclusive_lock
     parser = argparse.ArgumentParser(

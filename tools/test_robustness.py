@@ -56,8 +56,9 @@ from mmrobust.evaluation.attacks import attack_names, attack_plan
 from mmrobust.evaluation.coco_metric import COCO_BACKENDS, DEFAULT_ROBUSTNESS_BACKEND
 from mmrobust.evaluation.overlapped_loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH
 from mmrobust.evaluation.report import write_report
-from mmrobust.evaluation.results import parse_shard, report_dir
+from mmrobust.evaluation.results import report_dir
 from mmrobust.evaluation.robustness import DEFAULT_METRIC_QUEUE
+from mmrobust.evaluation.shards import parse_shard
 from mmrobust.utils import explain_registry_errors
 
 

@@ -194,7 +194,7 @@ def build_zoo_model(config: str) -> torch.nn.Module:
     from mmengine.config import Config
     from mmengine.registry import MODELS, init_default_scope
 
-    import mmrobust  # noqa: F401
+    # NOTE: mmrobust's modules are registered: importing this module imported the package
     cfg = Config.fromfile(config)
     init_default_scope(cfg.default_scope)
     torch.manual_seed(0)

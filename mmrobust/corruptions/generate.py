@@ -22,7 +22,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import cv2
 import numpy as np
@@ -271,6 +271,33 @@ def _earlier_manifest(out: Path, identity: Dict) -> Dict:
     return earlier
 
 
+def _pending(out: Path, images: Sequence[str], cells: Sequence[Tuple[str, int]]
+             ) -> Tuple[List[Tuple[str, List[Tuple[str, int]]]], int]:
+    """``(image, its cells not written yet)`` for each image with one, and the files there."""
+    jobs, done = [], 0
+    for rel in images:
+        missing = [(n, s) for n, s in cells
+                   if not (Path(cell_folder(out, n, s)) / rel).is_file()]
+        done += len(cells) - len(missing)
+        if missing:
+            jobs.append((rel, missing))
+    return jobs, done
+
+
+def _run(jobs: Sequence[Tuple[str, List[Tuple[str, int]]]], opts: Dict, workers: int,
+         collect: Callable[..., None]) -> None:
+    """Every job, in ``workers`` processes (or this one), each result handed to ``collect``."""
+    if workers > 1 and len(jobs) > 1:
+        ctx = mp.get_context('forkserver' if sys.platform != 'win32' else 'spawn')
+        with ctx.Pool(workers, initializer=_init_worker, initargs=(opts, )) as pool:
+            for result in pool.imap_unordered(_process, jobs, chunksize=1):
+                collect(*result)
+    else:
+        _init_worker(opts)
+        for job in jobs:
+            collect(*_process(job))
+
+
 def generate(src: Path, out: Path, protocol: Protocol, seed: int = 0, workers: int = 1,
              subdirs: Optional[Sequence[str]] = None, links: Optional[Sequence[str]] = None,
              copy_links: bool = False, channel_order: str = 'rgb', jpeg_quality: int = 95,
@@ -304,13 +331,7 @@ def generate(src: Path, out: Path, protocol: Protocol, seed: int = 0, workers: i
         for rel in link_list:
             _link(src / rel, Path(cell_folder(out, name, severity)) / rel, copy_links)
 
-    jobs, done = [], 0
-    for rel in images:
-        missing = [(n, s) for n, s in cells
-                   if not (Path(cell_folder(out, n, s)) / rel).is_file()]
-        done += len(cells) - len(missing)
-        if missing:
-            jobs.append((rel, missing))
+    jobs, done = _pending(out, images, cells)
     todo = sum(len(m) for _, m in jobs)
     opts = dict(src=src, out=out, seed=seed, channel_order=channel_order,
                 jpeg_quality=jpeg_quality, png_compression=png_compression, lossless=lossless)
@@ -336,15 +357,7 @@ def generate(src: Path, out: Path, protocol: Protocol, seed: int = 0, workers: i
             bar.write(f'failed: {rel}: {error}')
         bar.update(len(cells_of[rel]))
 
-    if workers > 1 and len(jobs) > 1:
-        ctx = mp.get_context('forkserver' if sys.platform != 'win32' else 'spawn')
-        with ctx.Pool(workers, initializer=_init_worker, initargs=(opts, )) as pool:
-            for result in pool.imap_unordered(_process, jobs, chunksize=1):
-                collect(*result)
-    else:
-        _init_worker(opts)
-        for job in jobs:
-            collect(*_process(job))
+    _run(jobs, opts, workers, collect)
     bar.close()
 
     manifest = {

@@ -7,10 +7,7 @@ the correctly and the wrongly classified pixels reweighted over the iterations) 
 (Agnihotri et al., ICML 2024, the softmax version: each pixel weighted by the cosine of the
 softmax prediction and the one-hot target) reweight that cross-entropy; they are for segmentors.
 
-The scored predictor: mmseg's ``inference`` with the config's ``test_cfg`` (slide windows or
-the whole image), the padding cropped, a test-time flip undone and resized to the label, as
-``postprocess_result`` does before the metric. Slide inference is differentiated window by
-window (:class:`_SlideLogits`): the peak memory of one window, not of all of them.
+The losses, and the scored predictor behind a segmentor's, are :mod:`.attack_losses`'.
 
 Perturbations live in RGB [0, 1] pixels (:class:`~mmrobust.models.data_preprocessors.PixelSpace`,
 the preprocessor's own mean, std and channel order) on each image's own area: the padding keeps
@@ -22,7 +19,6 @@ random start, and the proposal samplers of two-stage detectors inside the loss) 
 the attack's seed and the image's path: an image gets the same attack in any batch, in any
 order, on any rank and after a resume.
 """
-import copy
 import logging
 import math
 import zlib
@@ -33,7 +29,6 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Uni
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmengine.config import Config
 from mmengine.logging import print_log
 
@@ -41,8 +36,14 @@ from ..models import adversarial
 from ..models.data_preprocessors import PixelSpace, valid_mask
 from ..models.utils import unwrap_model
 from ..utils.config_checks import leaf_datasets
-from ..utils.errors import MMRobustError, UsageError
 from .attack_families import ATTACK_FAMILIES, AttackFamily
+from .attack_losses import (
+    AttackError,
+    AttackLossError,
+    is_segmentor,
+    objective,
+    samples_for_loss,
+)
 from .cells import (
     ATTACKS,
     NORMS,
@@ -57,22 +58,6 @@ __all__ = ['ATTACKS', 'NORMS', 'Attack', 'AttackError', 'AttackLossError', 'Atta
            'attack_batch', 'attack_cells', 'attack_loss', 'attack_names', 'attack_of_cell',
            'attack_plan', 'check_attack_pipeline', 'gt_at_file_scale',
            'parse_epsilon', 'transform_names']
-
-class AttackError(UsageError):
-    """An attack that cannot run as asked.
-
-    Its name, budget or settings are wrong, or the model or test pipeline is one it does not apply
-    to (exit status 2).
-    """
-
-
-class AttackLossError(MMRobustError, RuntimeError):
-    """The training loss the detector's attack ascends failed on the test data.
-
-    The model's training loss, which the detector's attack ascends, failed on the test data (exit
-    status 1): the message says what the loss needs; ``--debug`` shows where it failed.
-    """
-
 
 def parse_epsilon(value: Union[str, float, int]) -> float:
     """A budget as written on the command line: ``8/255``, ``0.03`` or a number (>= 0)."""
@@ -163,7 +148,7 @@ class Attack:
 
     def check_model(self, model: nn.Module) -> None:
         """Raise :class:`AttackError` if this attack is not defined for ``model``."""
-        if self.family.segmentation_only and not _is_segmentor(model):
+        if self.family.segmentation_only and not is_segmentor(model):
             raise AttackError(f'{self.label} attacks per-pixel class scores: it is for '
                               f'segmentors (mmseg), and {type(model).__name__} is not one; use '
                               f'pgd_{self.norm} for detectors')
@@ -185,210 +170,6 @@ class AttackResult:
     final_loss: Optional[float] = None
     #: steps (over images and restarts) whose input gradient was not finite: no move
     nonfinite_steps: int = 0
-
-
-# -- losses ----------------------------------------------------------------------------------------
-
-def _is_segmentor(model: nn.Module) -> bool:
-    return hasattr(model, 'decode_head')
-
-
-def _check_ground_truth(model: nn.Module, samples: Optional[Sequence]) -> None:
-    seg = _is_segmentor(model)
-    key, fix = (('gt_sem_seg', "dict(type='LoadAnnotations') before PackSegInputs") if seg else
-                ('gt_instances', "dict(type='LoadAnnotations', with_bbox=True) (with_mask=True "
-                 'for instance segmentation) before PackDetInputs'))
-    if not samples or any(key not in s for s in samples):
-        raise AttackError(
-            f'the attack ascends the model\'s training loss, which needs the ground truth '
-            f'({key}) in the test data, and the test batches have none: add {fix} to '
-            'test_dataloader.dataset.pipeline')
-
-
-def _gt_at_input_scale(samples: Sequence) -> List:
-    """Detection samples with their ground truth rescaled to the input's scale.
-
-    Copies of detection samples whose ground truth, loaded at the file's scale (mmdet's test
-    pipelines load annotations after Resize), is brought to the network input's scale.
-    """
-    out = []
-    for sample in samples:
-        sample = copy.deepcopy(sample)  # NOTE: clone() shares the boxes, rescaled in place
-        w_scale, h_scale = sample.metainfo.get('scale_factor', (1.0, 1.0))
-        if (w_scale, h_scale) != (1.0, 1.0):
-            # NOTE: the crowd boxes too: the losses' assigners ignore proposals by them
-            for key in ('gt_instances', 'ignored_instances'):
-                if key not in sample:
-                    continue
-                gt = sample.get(key)
-                if 'bboxes' in gt:
-                    boxes = gt.bboxes
-                    if torch.is_tensor(boxes):
-                        gt.bboxes = boxes * boxes.new_tensor([w_scale, h_scale] * 2)
-                    else:  # NOTE: mmdet's box types
-                        boxes.rescale_((w_scale, h_scale))
-                if 'masks' in gt:
-                    gt.masks = gt.masks.resize(tuple(sample.metainfo['img_shape'][:2]))
-        out.append(sample)
-    return out
-
-
-def _slide_windows(test_cfg: Mapping, height: int, width: int) -> List[Tuple[int, int, int, int]]:
-    """mmseg's slide windows ``(y1, y2, x1, x2)``.
-
-    Every ``stride``, the last flush with the edge, no window larger than the image
-    (``EncoderDecoder.slide_inference``).
-    """
-    (h_stride, w_stride), (h_crop, w_crop) = test_cfg['stride'], test_cfg['crop_size']
-    rows = max(height - h_crop + h_stride - 1, 0) // h_stride + 1
-    cols = max(width - w_crop + w_stride - 1, 0) // w_stride + 1
-    windows = []
-    for r in range(rows):
-        for c in range(cols):
-            y2, x2 = min(r * h_stride + h_crop, height), min(c * w_stride + w_crop, width)
-            windows.append((max(y2 - h_crop, 0), y2, max(x2 - w_crop, 0), x2))
-    return windows
-
-
-class _SlideLogits(torch.autograd.Function):
-    """mmseg's slide inference whose backward pass holds one window at a time.
-
-    Autograd through ``slide_inference`` keeps every window's activations until the backward
-    pass: more memory than the whole image (the windows overlap). Here the forward pass runs
-    without a graph, and the backward pass runs each window again and sends back its share of
-    the output gradient (divided by the overlap count, as the average does): the same
-    gradient, at the peak memory of one window, for one more forward pass per window.
-    """
-
-    @staticmethod
-    def forward(ctx, inputs: torch.Tensor, model: nn.Module, metas: List[dict]) -> torch.Tensor:
-        ctx.model, ctx.metas = model, metas
-        ctx.save_for_backward(inputs)
-        with torch.no_grad():
-            return model.slide_inference(inputs, [dict(m) for m in metas])
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        inputs, = ctx.saved_tensors
-        model = ctx.model
-        windows = _slide_windows(model.test_cfg, *inputs.shape[-2:])
-        count = inputs.new_zeros((1, 1, *inputs.shape[-2:]))
-        for y1, y2, x1, x2 in windows:
-            count[..., y1:y2, x1:x2] += 1
-        grad_in = torch.zeros_like(inputs)
-        for y1, y2, x1, x2 in windows:
-            crop = inputs[:, :, y1:y2, x1:x2].detach().requires_grad_(True)
-            metas = [dict(m, img_shape=crop.shape[2:]) for m in ctx.metas]
-            with torch.enable_grad():
-                scores = model.encode_decode(crop, metas)
-                share = grad_out[:, :, y1:y2, x1:x2] / count[..., y1:y2, x1:x2]
-                grad, = torch.autograd.grad(scores, crop, share.to(scores.dtype))
-            grad_in[:, :, y1:y2, x1:x2] += grad
-        return grad_in, None, None
-
-
-def _scored_logits(model: nn.Module, inputs: torch.Tensor, samples: Sequence
-                   ) -> List[torch.Tensor]:
-    """Each image's (1, C, H, W) class scores as the config's predictor scores them.
-
-    mmseg's ``model.inference`` (slide windows or the whole image, as ``test_cfg`` says), the
-    padding cropped, a test-time flip undone and resized to the label's size, as
-    ``postprocess_result`` does before the metric takes the argmax.
-    """
-    if not callable(getattr(model, 'inference', None)):
-        raise AttackError(f'{type(model).__name__} has no inference(inputs, img_metas): the '
-                          'attacks differentiate the predictor that is scored, an mmseg '
-                          'EncoderDecoder\'s (whole or slide test_cfg)')
-    # NOTE: slide inference writes each window's shape into the first meta: give it copies
-    metas = [dict(s.metainfo) for s in samples]
-    if (getattr(model, 'test_cfg', None) or {}).get('mode', 'whole') == 'slide':
-        logits = _SlideLogits.apply(inputs, model, metas)
-    else:
-        logits = model.inference(inputs, metas)
-    align = getattr(model, 'align_corners', model.decode_head.align_corners)
-    height, width = logits.shape[-2:]
-    out = []
-    for i, sample in enumerate(samples):
-        meta = sample.metainfo
-        left, right, top, bottom = meta.get('img_padding_size',
-                                            meta.get('padding_size', (0, 0, 0, 0)))
-        part = logits[i:i + 1, :, top:height - bottom, left:width - right]
-        if meta.get('flip'):
-            part = part.flip(dims=(3,) if meta.get('flip_direction') == 'horizontal' else (2,))
-        out.append(F.interpolate(part, size=tuple(sample.gt_sem_seg.data.shape[-2:]),
-                                 mode='bilinear', align_corners=align))
-    return out
-
-
-def _per_pixel_ce(model: nn.Module, inputs: torch.Tensor, samples: Sequence
-                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(per-pixel cross-entropy, logits, labels) of the scored predictor at the labels' resolution.
-
-    One image: the attacks run per image. Ignored pixels have label -1, loss 0.
-    """
-    ignore = getattr(model.decode_head, 'ignore_index', 255)
-    losses, kept_logits, labels = [], [], []
-    for sample, part in zip(samples, _scored_logits(model, inputs, samples)):
-        label = sample.gt_sem_seg.data.to(inputs.device).long()[0]
-        label = torch.where(label == ignore, torch.full_like(label, -1), label)
-        losses.append(F.cross_entropy(part, label[None], ignore_index=-1, reduction='none')[0])
-        kept_logits.append(part[0])
-        labels.append(label)
-    return torch.stack(losses), torch.stack(kept_logits), torch.stack(labels)
-
-
-def _seg_loss(name: str, model: nn.Module, inputs: torch.Tensor, samples: Sequence,
-              step: Optional[int], steps: int) -> torch.Tensor:
-    """The mean per-pixel cross-entropy of the scored predictor over the labelled pixels.
-
-    Plain (FGSM, PGD, and every attack's final loss: ``step`` None), or weighted per pixel by
-    the ``pixel_weight`` of family ``name`` (SegPGD's, CosPGD's) at iteration ``step`` (from 0)
-    of ``steps``.
-    """
-    family = ATTACK_FAMILIES[name]
-    ce, logits, labels = _per_pixel_ce(model, inputs, samples)
-    valid = labels >= 0
-    count = valid.sum().clamp_min(1)
-    if step is None or family.pixel_weight is None:
-        return (ce * valid).sum() / count
-    with torch.no_grad():
-        weight = family.pixel_weight(logits, labels, step, steps)
-    return (ce * weight * valid).sum() / count
-
-
-def _task_loss(model: nn.Module, inputs: torch.Tensor, samples: Sequence) -> torch.Tensor:
-    try:
-        losses = model(inputs, samples, mode='loss')
-    except Exception as err:
-        raise AttackLossError(
-            f'the training loss of {type(model).__name__} could not be computed from the test '
-            f'data ({type(err).__name__}: {err}). The attack needs the ground truth in the test '
-            'pipeline (LoadAnnotations before the Pack step) and the model\'s train_cfg') from err
-    loss, _ = model.parse_losses(losses)
-    return loss
-
-
-def _objective(attack: 'Attack', model: nn.Module, inputs: torch.Tensor, samples: Sequence,
-               step: Optional[int]) -> torch.Tensor:
-    """The loss ``attack`` ascends at iteration ``step``.
-
-    None: the final loss, by which restarts are compared. For segmentors the scored predictor's
-    per-pixel cross-entropy (SegPGD / CosPGD weighted), for detectors their training loss.
-    """
-    if _is_segmentor(model):
-        return _seg_loss(attack.name, model, inputs, samples, step, attack.steps)
-    return _task_loss(model, inputs, samples)
-
-
-def _loss_samples(model: nn.Module, samples: Sequence, gt_at_file_scale: bool) -> Sequence:
-    """The samples the loss sees.
-
-    Checked for ground truth, detection boxes and masks at the input's scale (on a copy).
-    """
-    _check_ground_truth(model, samples)
-    if gt_at_file_scale and not _is_segmentor(model):
-        return _gt_at_input_scale(samples)
-    return samples
 
 
 # -- the attack ------------------------------------------------------------------------------------
@@ -459,10 +240,10 @@ def _attack_image(module: nn.Module, image: _Image, attack: Attack, space: Pixel
     mask = valid_mask([image.sample], tuple(x.shape), x.device)
     x0 = space.to_pixels(x).detach()
 
-    def objective(pixels: torch.Tensor, step: Optional[int]) -> torch.Tensor:
+    def loss_at(pixels: torch.Tensor, step: Optional[int]) -> torch.Tensor:
         # NOTE: the padding keeps the preprocessor's values
         inputs = torch.where(mask, space.from_pixels(pixels).to(x.dtype), x)
-        return _objective(attack, module, inputs, [image.loss_sample], step)
+        return objective(attack, module, inputs, [image.loss_sample], step)
 
     best: Optional[Tuple[float, torch.Tensor, List[float]]] = None
     nonfinite = 0
@@ -477,14 +258,14 @@ def _attack_image(module: nn.Module, image: _Image, attack: Attack, space: Pixel
         for step in range(attack.steps):
             with _seeded(_seed(attack, image.key, restart, step), x.device):
                 grad, loss = adversarial.input_gradient(
-                    lambda pixels: objective(pixels, step), x0 + delta)
+                    lambda pixels: loss_at(pixels, step), x0 + delta)
             losses.append(loss)
             nonfinite += int(not bool(adversarial.finite_images(grad).all()))
             move = attack.family.update(grad, attack.norm, mask, state)
             delta = adversarial.project(delta + attack.alpha * move, attack.eps, attack.norm, x0,
                                         mask)
         with torch.no_grad(), _seeded(_seed(attack, image.key, restart, attack.steps), x.device):
-            final = float(objective(x0 + delta, None))
+            final = float(loss_at(x0 + delta, None))
         if best is None or final > best[0]:
             best = (final, delta, losses)
     assert best is not None
@@ -521,7 +302,7 @@ def attack_batch(model: nn.Module, data: dict, attack: Attack,
     if attack.eps == 0:
         return AttackResult(data)
     x, samples = data['inputs'], data.get('data_samples')
-    loss_samples = _loss_samples(module, samples, gt_at_file_scale)
+    loss_samples = samples_for_loss(module, samples, gt_at_file_scale)
     space = space or PixelSpace(module.data_preprocessor, pixel_max=pixel_max).to(x.device)
     adv = x.detach().clone()
     step_losses, finals, nonfinite = [], [], 0
@@ -552,12 +333,12 @@ def attack_loss(model: nn.Module, data: dict, attack: Attack, gt_at_file_scale: 
     module = unwrap_model(model)
     x, samples = data['inputs'], data['data_samples']
     attack.check_model(module)
-    loss_samples = _loss_samples(module, samples, gt_at_file_scale)
+    loss_samples = samples_for_loss(module, samples, gt_at_file_scale)
     losses = []
     with torch.no_grad(), adversarial.eval_mode(module):
         for image in _images(x, samples, loss_samples):
             with _seeded(_seed(attack, image.key, 0, attack.steps), x.device):
-                losses.append(float(_objective(attack, module, image.inputs,
+                losses.append(float(objective(attack, module, image.inputs,
                                                [image.loss_sample], None)))
     return sum(losses) / len(losses)
 

@@ -18,7 +18,8 @@ from mmengine.logging import print_log
 from ..utils.errors import shareable
 from ..utils.io import TMP_MARK, FileLockedError, exclusive_lock
 from .predictions_file import saved_cells
-from .results import RobustnessResults, identity_sha256, planned_cells, shard_cells
+from .results import RobustnessResults, identity_sha256, planned_cells
+from .shards import shard_cells
 
 __all__ = ['RANK0_POLL_S', 'Plan', 'broadcast_plan', 'from_rank0', 'plan_on_rank0',
            'rank0_until_done', 'results_lock']

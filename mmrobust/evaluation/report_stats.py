@@ -98,9 +98,6 @@ def build_extras(entries: Sequence[Tuple[str, str, Mapping]], groups: Mapping[st
     from .uncertainty import (
         PairingError,
         check_pairable,
-        corruption_error_replicates,
-        corruption_errors,
-        interval,
         paired_differences,
         seed_statistics,
     )
@@ -157,38 +154,45 @@ def build_extras(entries: Sequence[Tuple[str, str, Mapping]], groups: Mapping[st
                                  for c, row in t.rows.items()]
     if baselines:
         _effective(extras, groups, points, reps, metrics, baselines, er_axis, boot)
-    # corruption error
     if reference is not None:
-        ref_label, ref_results = reference
-        extras.reference = ref_label
-        for label, _, results in entries:
-            for name in points[label]['metrics']:
-                if name not in metrics:
-                    continue
-                done = list(points[label]['metrics'][name]['per_corruption'])
-                # NOTE: ImageNet-C's mCE is over its 15 benchmark corruptions, whatever else ran
-                chosen = [c for c in done if c in BENCHMARK_CORRUPTIONS] or done
-                try:
-                    ce = corruption_errors(results['cells'], ref_results['cells'], name, chosen)
-                except ValueError as err:
-                    extras.notes.append(f'no CE for {label} {name}: {err}')
-                    continue
-                ce['corruptions'] = (
-                    f'the {len(chosen)} benchmark corruptions' if len(chosen) == 15 else
-                    f'{len(chosen)} of the 15 benchmark corruptions' if chosen != done or all(
-                        c in BENCHMARK_CORRUPTIONS for c in done) else
-                    f'{len(chosen)} corruptions (none of the 15 benchmark ones)')
-                replicated = reps.get(label, {}).get(name)
-                if replicated:  # NOTE: this run's resampling; the reference held fixed
-                    per_rep = corruption_error_replicates(
-                        replicated['cells'], results['cells'], ref_results['cells'], name,
-                        chosen)
-                    if per_rep is not None:
-                        ce['intervals'] = {q: interval(v, extras.confidence)
-                                           for q, v in per_rep.items()}
-                extras.errors.setdefault(label, {})[name] = ce
-                extras.notes += [f'{label} {name}: {w}' for w in ce.get('warnings', [])]
+        _corruption_errors(extras, entries, reference, points, reps, metrics)
     return extras
+
+
+def _corruption_errors(extras: Extras, entries: Sequence[Tuple[str, str, Mapping]],
+                       reference: Tuple[str, Mapping], points: Mapping[str, Dict],
+                       reps: Mapping[str, Dict], metrics: Sequence[str]) -> None:
+    """Each entry's CE against ``reference`` ``(label, results)``, with this run's intervals."""
+    from .uncertainty import corruption_error_replicates, corruption_errors, interval
+    ref_label, ref_results = reference
+    extras.reference = ref_label
+    for label, _, results in entries:
+        for name in points[label]['metrics']:
+            if name not in metrics:
+                continue
+            done = list(points[label]['metrics'][name]['per_corruption'])
+            # NOTE: ImageNet-C's mCE is over its 15 benchmark corruptions, whatever else ran
+            chosen = [c for c in done if c in BENCHMARK_CORRUPTIONS] or done
+            try:
+                ce = corruption_errors(results['cells'], ref_results['cells'], name, chosen)
+            except ValueError as err:
+                extras.notes.append(f'no CE for {label} {name}: {err}')
+                continue
+            ce['corruptions'] = (
+                f'the {len(chosen)} benchmark corruptions' if len(chosen) == 15 else
+                f'{len(chosen)} of the 15 benchmark corruptions' if chosen != done or all(
+                    c in BENCHMARK_CORRUPTIONS for c in done) else
+                f'{len(chosen)} corruptions (none of the 15 benchmark ones)')
+            replicated = reps.get(label, {}).get(name)
+            if replicated:  # NOTE: this run's resampling; the reference held fixed
+                per_rep = corruption_error_replicates(
+                    replicated['cells'], results['cells'], ref_results['cells'], name,
+                    chosen)
+                if per_rep is not None:
+                    ce['intervals'] = {q: interval(v, extras.confidence)
+                                       for q, v in per_rep.items()}
+            extras.errors.setdefault(label, {})[name] = ce
+            extras.notes += [f'{label} {name}: {w}' for w in ce.get('warnings', [])]
 
 
 def _effective(extras: Extras, groups: Mapping[str, Sequence[str]], points: Mapping[str, Dict],

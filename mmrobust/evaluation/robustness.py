@@ -45,10 +45,10 @@ from .results import (
     ResultsLayout,
     RobustnessResults,
     evaluation_sha256,
-    parse_shard,
     planned_cells,
     run_identity,
 )
+from .shards import parse_shard
 from .worst_case import add_worst_case
 
 #: Cells whose metrics may be in flight beside the next cell's inference (``--metric-queue``).
@@ -103,7 +103,7 @@ class RobustnessOptions:
         prefetch: batches received and preprocessed ahead of the model, on a thread
             (:mod:`.overlapped_loop`); 0: in the loop.
         shard: ``(i, n)``, the i-th of n disjoint shards of the cells
-            (:func:`~.results.shard_cells`; joined by :func:`~.results.merge_results`).
+            (:func:`~.shards.shard_cells`; joined by :func:`~.shards.merge_results`).
         attacks: adversarial cells ``(attack, k)`` (:func:`~.attacks.attack_plan`).
         per_image: keep each cell's per-image statistics (:mod:`.per_image`) for the
             report's intervals.

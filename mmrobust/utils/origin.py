@@ -25,8 +25,10 @@ def report_origin(tool_file: str) -> str:
     editable mode. Should mmrobust come from elsewhere all the same (imported before the tool
     ran, e.g. by a ``sitecustomize``), the line says so.
     """
-    import mmrobust
-    package = osp.dirname(osp.abspath(mmrobust.__file__))
+    from ..version import __version__
+    # NOTE: this module's package is the mmrobust that was imported (not an import of the
+    # root package from below it)
+    package = osp.dirname(osp.dirname(osp.abspath(__file__)))
     root = checkout_root(tool_file)
     # NOTE: an installed mmrobust carries its tools in mmrobust/.mim/tools (mim runs them there)
     own = root.parent if root.name == '.mim' else root / 'mmrobust'
@@ -37,5 +39,5 @@ def report_origin(tool_file: str) -> str:
         if not (own.is_dir() and osp.samefile(package, own)):
             note = (f' -- NOT the checkout of this tool ({own}): mmrobust was imported before '
                     'the tool could put its own checkout first')
-        print(f'mmrobust {mmrobust.__version__} from {package}{note}', file=sys.stderr)
+        print(f'mmrobust {__version__} from {package}{note}', file=sys.stderr)
     return package

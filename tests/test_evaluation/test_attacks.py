@@ -158,7 +158,7 @@ def test_a_small_step_moves_the_loss_as_its_first_order_prediction(name, eps, se
     [0, 1] clamp takes), so the step goes up the gradient of the loss that is measured, by the
     amount the budget allows.
     """
-    from mmrobust.evaluation.attacks import _objective
+    from mmrobust.evaluation.attack_losses import objective as _objective
     from mmrobust.models import adversarial
     model, data = seg
     attack = Attack.from_name(name, eps)
@@ -345,7 +345,7 @@ def test_pgd_on_the_slide_predictor_beats_the_whole_image_surrogate(toy_data):
     same PGD through the whole-image training loss (the attack before), and raises the scored loss
     more.
     """
-    from mmrobust.evaluation.attacks import _task_loss
+    from mmrobust.evaluation.attack_losses import task_loss as _task_loss
     from mmrobust.models import adversarial
     model, data = _setup(SEG, pipeline_options=SLIDE)
     _fit_on_windows(model, data, 60)
@@ -407,7 +407,7 @@ def test_crowd_boxes_are_rescaled_with_the_other_ground_truth():
     from mmdet.structures.bbox import HorizontalBoxes
     from mmengine.structures import InstanceData
 
-    from mmrobust.evaluation.attacks import _gt_at_input_scale
+    from mmrobust.evaluation.attack_losses import gt_at_input_scale as _gt_at_input_scale
     sample = DetDataSample(metainfo=dict(scale_factor=(2.0, 0.5), img_shape=(50, 200)))
     sample.gt_instances = InstanceData(
         bboxes=HorizontalBoxes(torch.tensor([[10., 20., 30., 40.]])), labels=torch.tensor([1]))
@@ -432,7 +432,7 @@ def test_segpgd_and_cospgd_weightings_on_a_hand_computed_example():
     from mmengine.structures import PixelData
     from mmseg.structures import SegDataSample
 
-    from mmrobust.evaluation.attacks import _seg_loss
+    from mmrobust.evaluation.attack_losses import seg_loss as _seg_loss
     logits = torch.tensor([[2.0, 0.0], [0.0, 1.0]]).T.reshape(1, 2, 1, 2)  # (N, C, H, W)
 
     class Stub(torch.nn.Module):
@@ -465,9 +465,9 @@ def test_dat_and_the_attacks_take_the_same_step(toy_data):
     = α g / ‖g‖₂ of the toy detector's training loss (same seed for its samplers).
     """
     from mmrobust.engine.hooks.dat import DATHook
+    from mmrobust.evaluation.attack_losses import gt_at_input_scale as _gt_at_input_scale
     from mmrobust.evaluation.attacks import (
         Attack,
-        _gt_at_input_scale,
         _image_key,
         _seed,
         _seeded,
@@ -511,7 +511,7 @@ def test_a_loss_that_fails_on_the_test_data_is_a_failure_not_a_usage_error():
 
     Before, it was an AttackError, a usage error (status 2), though the command line was right.
     """
-    from mmrobust.evaluation import attacks
+    from mmrobust.evaluation import attack_losses
     from mmrobust.utils.errors import MMRobustError
 
     class NoGroundTruth(torch.nn.Module):
@@ -519,7 +519,7 @@ def test_a_loss_that_fails_on_the_test_data_is_a_failure_not_a_usage_error():
             raise KeyError('gt_instances')
 
     with pytest.raises(MMRobustError) as err:
-        attacks._task_loss(NoGroundTruth(), torch.zeros(1, 3, 8, 8), [])
+        attack_losses.task_loss(NoGroundTruth(), torch.zeros(1, 3, 8, 8), [])
     assert err.value.exit_code == 1
     assert 'NoGroundTruth' in str(err.value) and 'LoadAnnotations' in str(err.value)
 

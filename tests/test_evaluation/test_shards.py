@@ -10,13 +10,10 @@ from mmrobust.evaluation.results import (
     LEGACY_IDENTITY_KEYS,
     RESULTS_FORMAT,
     RobustnessResults,
-    ShardError,
     identity_sha256,
-    merge_results,
-    parse_shard,
     run_identity,
-    shard_cells,
 )
+from mmrobust.evaluation.shards import ShardError, merge_results, parse_shard, shard_cells
 
 from helpers import REPO, run_tool
 

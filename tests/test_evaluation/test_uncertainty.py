@@ -36,7 +36,8 @@ from mmrobust.evaluation.per_image import (
     stats_dir,
     stats_path,
 )
-from mmrobust.evaluation.results import evaluation_sha256, merge_results
+from mmrobust.evaluation.results import evaluation_sha256
+from mmrobust.evaluation.shards import merge_results
 from mmrobust.evaluation.uncertainty import (
     Bootstrap,
     PairingError,
