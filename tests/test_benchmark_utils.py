@@ -31,7 +31,7 @@ def test_summaries_and_round_by_round_ratios():
     assert summary([3.0, 1.0, 2.0]) == {'median': 2.0, 'min': 1.0, 'max': 3.0}
     # ratios pair the rounds: (2/1, 6/2, 4/4)
     assert ratio_summary([2.0, 6.0, 4.0], [1.0, 2.0, 4.0]) == {'median': 2.0, 'min': 1.0,
-                                                                'max': 3.0}
+                                                               'max': 3.0}
     assert fmt_range({'median': 2.0, 'min': 1.0, 'max': 3.0}, '.1f', 'x') == '2.0x (1.0x-3.0x)'
 
 

@@ -394,7 +394,7 @@ def test_strict_loading_lists_bad_keys(tmp_path):
     path = tmp_path / 'small.pth'
     torch.save(FANHybrid('small', out_type='seg').state_dict(), path)
     wrong = FANHybrid('tiny', out_type='seg', init_cfg=dict(type='Pretrained',
-                                                           checkpoint=str(path)))
+                                                            checkpoint=str(path)))
     with pytest.raises(CheckpointMismatchError, match='shape mismatches'):
         wrong.init_weights()
 

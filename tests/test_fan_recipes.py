@@ -53,7 +53,7 @@ def test_cascade_configs_carry_fans_recipe(variant):
     plain, cropped = pipeline[3].transforms
     assert len(plain) == 1 and _short_edges(plain[0]) == SHORT_EDGES
     assert [step['type'] for step in cropped] == ['RandomChoiceResize', 'RandomCrop',
-                                                   'RandomChoiceResize']
+                                                  'RandomChoiceResize']
     assert _short_edges(cropped[0]) == [400, 500, 600]
     assert (cropped[1].crop_type, tuple(cropped[1].crop_size)) == ('absolute_range', (384, 600))
     assert cropped[1].allow_negative_crop and _short_edges(cropped[2]) == SHORT_EDGES

@@ -173,7 +173,7 @@ def test_two_ranks_train_one_tokenizer_and_the_one_of_a_single_process():
     for a, b in (ranks, restarted):
         assert a.keys() == b.keys()
         assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a
-                                                          if not torch.equal(a[k], b[k])]
+                                                         if not torch.equal(a[k], b[k])]
     codebook = 'tokenizer.quantize.embedding.weight'
     assert not torch.equal(ranks[0][codebook], restarted[0][codebook])
     assert ranks[0].keys() == single.keys()

@@ -58,7 +58,7 @@ def test_results_store_resumes_and_refuses_another_identity(tmp_path):
     # an identity kept under its own key (the perturbation studies' layout)
     nested = str(tmp_path / 'n.json')
     ResultsStore(nested, {'grid': 3}, 'settings', identity_key='identity').record('clean',
-                                                                                   value={})
+                                                                                  value={})
     assert json.loads(open(nested).read())['identity'] == {'grid': 3}
     with pytest.raises(ResultsMismatchError, match='grid'):
         ResultsStore(nested, {'grid': 5}, 'settings', identity_key='identity')

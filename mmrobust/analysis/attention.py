@@ -65,8 +65,7 @@ def rollout(attentions: List[torch.Tensor], residual: float = 0.5) -> torch.Tens
 class AttentionRecorder:
     """Records the attention of every FAN / Dr-ViT block during a forward pass.
 
-    Records the attention of every FAN / Dr-ViT block (and FAN's channel gates) during a forward
-    pass of a backbone (or of a detector / segmentor holding one).
+    FAN's channel gates too; of a backbone, or of a detector / segmentor holding one.
     """
 
     def __init__(self, model: nn.Module) -> None:

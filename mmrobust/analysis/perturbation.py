@@ -77,8 +77,8 @@ def patch_mask(pixels: torch.Tensor, mask: torch.Tensor, patch: int, ratio: floa
                generator: torch.Generator, fill: torch.Tensor) -> Tuple[torch.Tensor, List[int]]:
     """Replace exactly round(ratio · n) of each image's n patches with ``fill``.
 
-    Replace exactly round(ratio · n) of each image's n patches (a grid of ``patch`` px over its
-    area) with ``fill`` (per channel); returns the images and the masked counts.
+    The patches are a grid of ``patch`` px over the image's area; ``fill`` is per channel.
+    Returns the images and the masked counts.
     """
     if not 0 <= ratio <= 1:
         raise ValueError(f'masking ratios must be in [0, 1], got {ratio}')
@@ -179,7 +179,7 @@ class PerturbationStudy:
             key = f'fourier:{u},{v}'
             gen = self.generator(key)
             self.evaluate(key, lambda p, m, _b, u=u, v=v, g=gen: fourier_perturb(p, m, u, v,
-                                                                                  eps, g))
+                                                                                 eps, g))
         return clean
 
     def masking(self, ratios: Sequence[float], patch: int, progress: bool = True) -> Dict:

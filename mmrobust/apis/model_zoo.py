@@ -1,8 +1,8 @@
 """The model zoo: every metafile entry, its numbers, and the check of results.
 
-The model zoo: every ``configs/<folder>/metafile.yml`` entry (OpenMMLab's metafile format) with its
-parameters, FLOPs and the papers' published numbers, and the check of a robustness results file
-against the published target of its config.
+Every ``configs/<folder>/metafile.yml`` entry (OpenMMLab's metafile format) with its parameters,
+FLOPs and the papers' published numbers; a robustness results file is checked against the
+published target of its config.
 
 Published numbers are the papers' (``Results``), never reproduced here; a metric's name says
 what it is (``box AP``: COCO-style AP@[.5:.95] x 100 on the clean set; ``box mPC`` /
@@ -119,7 +119,7 @@ class ZooEntry:
 def zoo_folders(repo: str) -> List[str]:
     """The config folders that hold a metafile."""
     return sorted(osp.dirname(p) for p in glob.glob(osp.join(repo, 'configs', '*',
-                                                              'metafile.yml')))
+                                                             'metafile.yml')))
 
 
 def _check_entry(entry: ZooEntry, collections: Sequence[str], repo: str) -> None:
@@ -213,9 +213,9 @@ def count_parameters(model: torch.nn.Module) -> Tuple[int, int]:
 def measure_flops(model: torch.nn.Module, size: Tuple[int, int]) -> int:
     """FLOPs of one test-mode forward of a ``width x height`` image.
 
-    FLOPs of one test-mode forward of a ``width x height`` image through a model of
-    :func:`build_zoo_model` (``model._forward``: backbone, neck and heads; a two-stage detector's
-    RoI heads on the RPN's proposals), counted as the project's benchmarks count
+    Through a model of :func:`build_zoo_model` (``model._forward``: backbone, neck and heads; a
+    two-stage detector's RoI heads on the RPN's proposals), counted as the project's benchmarks
+    count
     (:func:`mmrobust.utils.flops.count_flops`). The model keeps its constructors' initialisation; no
     pretrained weights are read.
     """
@@ -271,10 +271,9 @@ def _fmt_count(n: float, unit: str) -> str:
 
 
 def select(entries: Sequence[ZooEntry], task: str = '', family: str = '') -> List[ZooEntry]:
-    """The entries whose task and family contain the given words.
+    """The entries whose task and family contain the given words, case-insensitively.
 
-    The entries whose task and family (config folder, collection or one of its ``Training
-    Techniques``, e.g. DAT) contain the given words, case-insensitively.
+    The family is the config folder, the collection or one of its ``Training Techniques`` (DAT).
     """
     def has(text: str, word: str) -> bool:
         return word.lower() in text.lower()

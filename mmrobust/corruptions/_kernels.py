@@ -260,13 +260,13 @@ def legacy_poisson(key: np.ndarray, pos: np.ndarray, index: np.ndarray, table: n
                 if p >= _MT_N:
                     p = _mt_advance(key, buf, p)
                 u = (np.int64(buf[p] >> np.uint32(5)) * 67108864.0 +
-                      np.int64(buf[p + 1] >> np.uint32(6))) / 9007199254740992.0
+                     np.int64(buf[p + 1] >> np.uint32(6))) / 9007199254740992.0
                 p += 2
                 u -= 0.5
                 if p >= _MT_N:
                     p = _mt_advance(key, buf, p)
                 v = (np.int64(buf[p] >> np.uint32(5)) * 67108864.0 +
-                      np.int64(buf[p + 1] >> np.uint32(6))) / 9007199254740992.0
+                     np.int64(buf[p + 1] >> np.uint32(6))) / 9007199254740992.0
                 p += 2
                 us = 0.5 - abs(u)
                 k = math.floor((2 * a / us + b) * u + lam_i + 0.43)
@@ -288,7 +288,7 @@ def legacy_poisson(key: np.ndarray, pos: np.ndarray, index: np.ndarray, table: n
                 if p >= _MT_N:
                     p = _mt_advance(key, buf, p)
                 u = (np.int64(buf[p] >> np.uint32(5)) * 67108864.0 +
-                      np.int64(buf[p + 1] >> np.uint32(6))) / 9007199254740992.0
+                     np.int64(buf[p + 1] >> np.uint32(6))) / 9007199254740992.0
                 p += 2
                 prod *= u
                 if prod > enlam:

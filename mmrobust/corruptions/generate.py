@@ -440,7 +440,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if manifest['converted']:
         print(f"{counts['converted_sources']} sources converted on reading (manifest.json "
               "'converted'): " + ', '.join(f'{k} ({v})' for k, v in
-                                         list(manifest['converted'].items())[:5])
+                                           list(manifest['converted'].items())[:5])
               + (' ...' if counts['converted_sources'] > 5 else ''))
     if manifest['failed']:
         print(f"{counts['failed_sources']} sources FAILED (manifest.json 'failed'; the other "

@@ -189,7 +189,7 @@ def _per_pixel_ce(model: nn.Module, inputs: torch.Tensor, samples: Sequence
 
 
 def seg_loss(name: str, model: nn.Module, inputs: torch.Tensor, samples: Sequence,
-              step: Optional[int], steps: int) -> torch.Tensor:
+             step: Optional[int], steps: int) -> torch.Tensor:
     """The mean per-pixel cross-entropy of the scored predictor over the labelled pixels.
 
     Plain (FGSM, PGD, and every attack's final loss: ``step`` None), or weighted per pixel by
@@ -221,7 +221,7 @@ def task_loss(model: nn.Module, inputs: torch.Tensor, samples: Sequence) -> torc
 
 
 def objective(attack: Any, model: nn.Module, inputs: torch.Tensor, samples: Sequence,
-               step: Optional[int]) -> torch.Tensor:
+              step: Optional[int]) -> torch.Tensor:
     """The loss ``attack`` ascends at iteration ``step``.
 
     None: the final loss, by which restarts are compared. For segmentors the scored predictor's

@@ -339,7 +339,7 @@ def attack_loss(model: nn.Module, data: dict, attack: Attack, gt_at_file_scale: 
         for image in _images(x, samples, loss_samples):
             with _seeded(_seed(attack, image.key, 0, attack.steps), x.device):
                 losses.append(float(objective(attack, module, image.inputs,
-                                               [image.loss_sample], None)))
+                                              [image.loss_sample], None)))
     return sum(losses) / len(losses)
 
 

@@ -223,7 +223,7 @@ def _keeping(cocoeval: type) -> type:
     cls = globals().get(name)
     if cls is None or cls.__bases__[0] is not cocoeval:
         cls = type(name, (cocoeval, ), {'evaluate': _kept_evaluate, '__module__': __name__,
-                                         '__qualname__': name})
+                                        '__qualname__': name})
         globals()[name] = cls
     return cls
 

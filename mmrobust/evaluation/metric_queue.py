@@ -10,7 +10,8 @@ is done, oldest first; its saved predictions are removed only then.
 
 Every step that may wait is a generator that yields each time it has waited up to ``poll_s``
 without finishing, so the other ranks wait in short broadcasts
-(:func:`~.rank0.rank0_until_done`), not in a collective that could time out.
+(:func:`~.rank0.rank0_until_done`), not in a collective that could time out. The loop calls
+the steps through :class:`RankedQueue`, on every rank, which drives that waiting itself.
 """
 import os
 import os.path as osp
@@ -32,9 +33,10 @@ from .predictions_file import (
     predictions_path,
     save_cell_predictions,
 )
+from .rank0 import rank0_until_done
 from .results import RobustnessResults, identity_sha256
 
-__all__ = ['MetricQueue', 'cell_label', 'in_thread', 'numeric']
+__all__ = ['MetricQueue', 'RankedQueue', 'cell_label', 'in_thread', 'numeric']
 
 
 def numeric(metrics: Dict) -> Dict[str, float]:
@@ -248,3 +250,34 @@ class MetricQueue:
                 f'predictions are kept in {path}. Rerun the same command: it resumes from them '
                 'without inference.') from None
         self.in_flight.append(_InFlight(cell, path, future, timing))
+
+
+class RankedQueue:
+    """Every rank's handle on rank 0's :class:`MetricQueue` (None on the other ranks).
+
+    Each step runs rank 0's generator to its end while the other ranks wait in short broadcasts
+    (:func:`~.rank0.rank0_until_done`), and raises rank 0's error on every rank: the loop calls
+    steps, not generators. Call them on every rank, between two cells.
+    """
+
+    def __init__(self, queue: Optional[MetricQueue]) -> None:
+        self.queue = queue
+
+    def finish(self, cell: Cell, parts: Any, metrics_of_loop: List[Any],
+               dataset_meta: Optional[Dict], timing: Dict) -> None:
+        """:meth:`MetricQueue.finish`, on every rank."""
+        rank0_until_done(None if self.queue is None else self.queue.finish(
+            cell, parts, metrics_of_loop, dataset_meta, timing))
+
+    def resume_saved(self, cell: Cell, path: str) -> None:
+        """:meth:`MetricQueue.resume_saved`, on every rank."""
+        rank0_until_done(None if self.queue is None else self.queue.resume_saved(cell, path))
+
+    def drain(self) -> None:
+        """:meth:`MetricQueue.drain`, on every rank."""
+        rank0_until_done(None if self.queue is None else self.queue.drain())
+
+    def close(self, cancel: bool = False) -> None:
+        """Stop rank 0's worker (``cancel``: without waiting for its jobs)."""
+        if self.queue is not None:
+            self.queue.close(cancel)

@@ -292,6 +292,15 @@ class OverlappedTestLoop(TestLoop):
             self._prefetcher = None
         self.post_process.close(cancel)
 
+    def as_runner_test_loop(self) -> 'OverlappedTestLoop':
+        """This loop as its runner's test loop (mmengine's private ``runner._test_loop``).
+
+        Hooks that ask ``runner.test_dataloader`` get this loop's dataloader, and the runner
+        does not build (and parse) the config's own test set besides.
+        """
+        self.runner._test_loop = self
+        return self
+
     def begin(self) -> None:
         """``TestLoop.run``'s start: its hooks, the model in eval mode, no test loss yet."""
         self.runner.call_hook('before_test')

@@ -152,7 +152,7 @@ def _matched_arrays(coco_eval: Any) -> Dict[str, np.ndarray]:
         gt['id'].astype(np.int64), dt['area'], dt['id'].astype(np.int64),
         np.asarray(p.areaRng, dtype=np.float64), np.asarray(p.iouThrs, dtype=np.float64))
     cols: Dict[str, List[np.ndarray]] = {k: [] for k in ('group', 'img', 'rank', 'score', 'tp',
-                                                          'ig')}
+                                                         'ig')}
     for a in range(n_area):
         counted = ~ignored[a].all(0)
         cols['group'].append(dt['cat'][counted] * n_area + a)
@@ -269,9 +269,9 @@ def _nanmean_rows(v: np.ndarray) -> np.ndarray:
 class CocoAP:
     """mmdet's COCO AP items for image weights.
 
-    mmdet's COCO AP items (``mAP``, ``mAP_50``, ``mAP_75``, ``mAP_s/m/l``; in [0, 1], unrounded) for
-    image weights: pycocotools' ``accumulate`` and ``summarize`` with every detection and ground
-    truth of an image counted as often as the image's weight.
+    ``mAP``, ``mAP_50``, ``mAP_75``, ``mAP_s/m/l`` (in [0, 1], unrounded): pycocotools'
+    ``accumulate`` and ``summarize`` with every detection and ground truth of an image counted
+    as often as the image's weight.
     """
 
     def __init__(self, block: Mapping[str, Any]) -> None:

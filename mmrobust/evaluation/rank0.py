@@ -112,7 +112,7 @@ def plan_on_rank0(results: RobustnessResults, folder: str,
                   f'without inference: {", ".join(f"{c} {s}" for c, s in saved)}',
                   logger='current')
     return Plan(infer=[c for c in todo if c not in saved],
-                 saved={c: saved[c] for c in todo if c in saved})
+                saved={c: saved[c] for c in todo if c in saved})
 
 
 def broadcast_plan(plan: Optional[Plan]) -> Plan:

@@ -36,11 +36,11 @@ from ..utils.progress import Progress
 from .cell_evaluators import CellEvaluators
 from .cell_kinds import CELL_KINDS, WORST, Cell, CellKind, CellRun, RunSpec, kind_of
 from .evaluator_cfg import side_file_metrics, without_backend, without_unread_gt_masks
-from .metric_queue import MetricQueue
+from .metric_queue import MetricQueue, RankedQueue
 from .metric_worker import worker_imports
 from .overlapped_loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH
 from .per_image import StatsTarget, stats_path
-from .rank0 import RANK0_POLL_S, Plan, broadcast_plan, plan_on_rank0, rank0_until_done
+from .rank0 import RANK0_POLL_S, Plan, broadcast_plan, plan_on_rank0
 from .results import (
     ResultsLayout,
     RobustnessResults,
@@ -257,29 +257,27 @@ def evaluate_robustness(runner, cfg: Config, protocol: Protocol, results_path: s
     rank, _ = get_dist_info()
     results, plan = _open_results(cfg, layout, opts, spec, evaluators.backends,
                                   use_saved=not writes_files)
-    queue = MetricQueue(runner, results, depth, layout.predictions, evaluators,
-                        _stats_targets(cfg, results, layout, spec, opts.per_image),
-                        evaluators.backends, cfg.get('default_scope'), imports, RANK0_POLL_S
-                        ) if results is not None else None
+    queue = RankedQueue(MetricQueue(
+        runner, results, depth, layout.predictions, evaluators,
+        _stats_targets(cfg, results, layout, spec, opts.per_image), evaluators.backends,
+        cfg.get('default_scope'), imports, RANK0_POLL_S) if results is not None else None)
     progress_bar = Progress(0, 'image', protocol.name, enabled=opts.progress and rank == 0)
     run_start = time.perf_counter()
     try:
         for cell, path in plan.saved.items():  # NOTE: rank 0's plan, broadcast to every rank
-            rank0_until_done(queue.resume_saved(cell, path) if queue else None)
+            queue.resume_saved(cell, path)
         loading = _infer_cells(CellRun(runner, cfg, cfg, spec, evaluators, progress_bar,
                                        opts.post_process_queue, opts.prefetch, opts.one_pass,
                                        writes_files), plan, queue)
         if depth != opts.metric_queue and plan.infer:
             loading['metric_queue'] = f'0, not {opts.metric_queue} ({writes_files})'
-        rank0_until_done(queue.drain() if queue else None)
+        queue.drain()
     except BaseException:
-        if queue is not None:
-            queue.close(cancel=True)
+        queue.close(cancel=True)
         raise
     finally:
         progress_bar.close()
-    if queue is not None:
-        queue.close()
+    queue.close()
     if rank == 0 and osp.isdir(layout.predictions) and not os.listdir(layout.predictions):
         os.rmdir(layout.predictions)
     barrier()
@@ -298,7 +296,7 @@ def _by_kind(cells: List[Cell]) -> Dict[str, Tuple[CellKind, List[Cell]]]:
     return groups
 
 
-def _infer_cells(run: CellRun, plan: Plan, queue: Optional[MetricQueue]) -> Dict[str, str]:
+def _infer_cells(run: CellRun, plan: Plan, queue: RankedQueue) -> Dict[str, str]:
     """Every planned cell's inference, kind by kind, each cell handed to rank 0's metric queue.
 
     Returns how the cells were loaded (a kind's ``loader``; ``gt_masks``: whether the
@@ -320,8 +318,7 @@ def _infer_cells(run: CellRun, plan: Plan, queue: Optional[MetricQueue]) -> Dict
     inference = itertools.chain.from_iterable(
         kind.infer(run, cells) for kind, cells in groups.values())
     for cell, parts, loop_metrics, dataset_meta, timing in inference:
-        rank0_until_done(queue.finish(cell, parts, loop_metrics, dataset_meta, timing)
-                         if queue is not None else None)
+        queue.finish(cell, parts, loop_metrics, dataset_meta, timing)
     return run.loading
 
 

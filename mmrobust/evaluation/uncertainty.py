@@ -110,9 +110,8 @@ class CellStats:
 def without_sentinels(values: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
     """Replicates with pycocotools' -1 as NaN.
 
-    Replicates with pycocotools' -1 (an area range or a group without ground truth in the resampled
-    images: no value, not a score of -1) as NaN, which intervals, means and differences leave out
-    instead of averaging it in.
+    A -1 is an area range or a group without ground truth in the resampled images: no value, not
+    a score of -1. Intervals, means and differences leave a NaN out instead of averaging it in.
     """
     return {k: np.where(np.asarray(v, dtype=np.float64) == -1.0, np.nan, v)
             for k, v in values.items()}
@@ -205,8 +204,7 @@ def check_pairable(a: Tuple[str, Mapping, CellStats], b: Tuple[str, Mapping, Cel
                    ) -> None:
     """Raise :class:`PairingError` unless both files scored the same images.
 
-    Raise :class:`PairingError` unless both files scored the same images under the same corruptions
-    (same cells, corruption seed and colour order, and image set).
+    Under the same corruptions: the same cells, corruption seed and colour order, and image set.
     """
     (name_a, res_a, st_a), (name_b, res_b, st_b) = a, b
     problems = []
@@ -341,9 +339,9 @@ def corruption_error_replicates(replicate_cells: Mapping[Cell, np.ndarray], cell
                                 ) -> Optional[Dict[str, np.ndarray]]:
     """mCE and relative mCE per bootstrap replicate.
 
-    mCE and relative mCE per bootstrap replicate (``{'mCE': (R,), 'relative_mCE': (R,)}``) from a
-    run's replicate cells, the reference held at its recorded numbers (its own sampling is not in
-    the interval); None where a cell has no replicates.
+    ``{'mCE': (R,), 'relative_mCE': (R,)}`` from a run's replicate cells, the reference held at
+    its recorded numbers (its own sampling is not in the interval); None where a cell has no
+    replicates.
     """
     scale = metric_scale(metric)
 

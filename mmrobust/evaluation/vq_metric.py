@@ -13,11 +13,10 @@ __all__ = ['VQReconstructionMetric']
 
 @METRICS.register_module()
 class VQReconstructionMetric(BaseMetric):
-    """Held-out PSNR of the reconstructions and of two baselines.
+    """Held-out PSNR of the reconstructions and of two baselines, and the codebook's use.
 
-    Held-out PSNR of the reconstructions (over all values of all images, as one MSE), of the two
-    baselines (``psnr_mean_image``, ``psnr_blur``), and the codebook's perplexity and used codes
-    over the held-out codes.
+    The PSNR is over all values of all images, as one MSE; the baselines are ``psnr_mean_image``
+    and ``psnr_blur``; the codebook's perplexity and used codes are over the held-out codes.
     """
 
     default_prefix = 'vq'

@@ -60,10 +60,10 @@ def _fp16_autocast(x: torch.Tensor) -> bool:
 
 def input_gradient(loss_fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
                    ) -> Tuple[torch.Tensor, float]:
-    """(∇ₓ loss_fn(x), loss) w.r.t.
+    """``(∇ₓ loss_fn(x), loss)``: the gradient with respect to the input alone.
 
-    the input alone; under fp16 autocast the loss is scaled before the backward pass and the
-    gradient unscaled after. The gradient may hold non-finite values (check with
+    Under fp16 autocast the loss is scaled before the backward pass and the gradient unscaled
+    after. The gradient may hold non-finite values (check with
     :func:`finite_images`).
     """
     x = x.detach().requires_grad_(True)

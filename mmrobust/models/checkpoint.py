@@ -133,9 +133,9 @@ def load_state_dict_strict(model: nn.Module, state_dict: Dict[str, torch.Tensor]
 
 
 def dropped_summary(dropped: Mapping[str, str], limit: int = 12) -> str:
-    """``dropped`` (checkpoint key -> reason) as one line per reason, e.g. ``dropped 2 keys.
+    """``dropped`` (checkpoint key -> reason) as one line per reason; '' when empty.
 
-    head.bias, head.weight (ImageNet classifier ...)``; '' when empty.
+    For example ``dropped 2 keys: head.bias, head.weight (ImageNet classifier ...)``.
     """
     by_reason: Dict[str, list] = {}
     for key, reason in dropped.items():

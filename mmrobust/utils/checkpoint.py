@@ -295,8 +295,7 @@ _restricted_pickle = _pickle_module('mmrobust_restricted_pickle', _RestrictedUnp
 def load_lightning_checkpoint(path: str, map_location: Optional[Any] = 'cpu') -> Any:
     """Load a PyTorch-Lightning checkpoint without running code from it.
 
-    Load a PyTorch-Lightning checkpoint (taming / latent-diffusion ``.ckpt``) without running code
-    from it.
+    A taming / latent-diffusion ``.ckpt``.
 
     Lightning pickles a few of its own objects next to the weights (callback states keyed by the
     callback class, ``AttributeDict`` hyper-parameters, sometimes OmegaConf containers), which

@@ -126,7 +126,7 @@ def _mask_rcnn_with_masks_read(tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_a_run_killed_mid_cell_resumes_at_once_to_an_uninterrupted_runs_numbers(toy_data,
-                                                                               tmp_path):
+                                                                                tmp_path):
     from mmrobust.evaluation.metric_worker import DELAY_ENV
     ckpt = _init_checkpoint(MASK_RCNN, tmp_path / 'mask.pth')
     config = _mask_rcnn_with_masks_read(tmp_path)

@@ -74,7 +74,7 @@ def test_one_pass_inputs_equal_per_cell_rebuild(toy_data, tmp_path, stored):
 
 @pytest.mark.slow
 def test_one_pass_parses_annotations_once_and_says_where_the_time_went(toy_data, tmp_path,
-                                                                        monkeypatch, capsys):
+                                                                       monkeypatch, capsys):
     """Three cells: the COCO annotations are parsed once by the dataset and once by the metric.
 
     Not once per cell. One progress line counts images; the time summary is in the log and in the

@@ -58,7 +58,7 @@ def _writer_identity(**overrides) -> dict:
                 checkpoint_load={'matched': 3, 'missing': [], 'unexpected': [], 'errors': []})
     args.update(overrides)
     spec = RunSpec(**{k: args.pop(k) for k in ('protocol', 'seed', 'bgr_compat',
-                                                'corrupted_root', 'stored_set', 'attacks')})
+                                               'corrupted_root', 'stored_set', 'attacks')})
     return {'format': RESULTS_FORMAT, **run_identity(spec, **args)}
 
 

@@ -19,7 +19,7 @@ TOY_ROOTS = {'acdc': 'toy_acdc', 'foggy_cityscapes': 'toy_foggy_cityscapes',
 TOY_SIZES = {**{f'acdc_{c}': 2 for c in ('fog', 'night', 'rain', 'snow')},
              'foggy_cityscapes': 4, 'dark_zurich': 3,
              **{f'coco_o_{d}': 4 for d in ('sketch', 'weather', 'cartoon', 'painting',
-                                            'tattoo', 'handmake')}}
+                                           'tattoo', 'handmake')}}
 
 
 def _roots(toy_data):

@@ -421,7 +421,7 @@ def test_report_gives_intervals_paired_differences_seeds_and_ce(tmp_path):
     table = out[out.index('Corruption Error against plain0'):]
     row = next(line for line in table.splitlines() if line.startswith('| DAT #2 | mIoU |'))
     mce, lo, hi = (float(x) for x in re.match(r'\| DAT #2 \| mIoU \| ([\d.]+) \[([\d.]+), '
-                                               r'([\d.]+)\]', row).groups())
+                                              r'([\d.]+)\]', row).groups())
     assert lo < mce < hi and row.endswith('| 1 of the 15 benchmark corruptions |')
     assert "mCE intervals: 95% over this run's test images (100 replicates)" in table
     # with the seeds in the paired interval and the per-corruption tests
@@ -561,4 +561,4 @@ def test_report_gives_effective_robustness_and_per_corruption_differences(tmp_pa
     tests = list(csv.DictReader(open(tmp_path / 'rep' / 'per_corruption_tests.csv')))
     assert {r['corruption'] for r in tests} == {'gaussian_noise', 'fog'}
     assert {r['seed_df'] for r in tests} == {'0'} and all(float(r['p_mc_error']) >= 0
-                                                         for r in tests)
+                                                          for r in tests)

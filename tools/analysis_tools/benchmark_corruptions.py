@@ -109,7 +109,7 @@ def main() -> None:
         return [sum(r.values()) for r in per_rep[engine]]
 
     header = f'| {"corruption":18s} | mmrobust ms |' + (' reference ms | speed-up |'
-                                                          if reference else '')
+                                                        if reference else '')
     print(header)
     print('|---|---|' + ('---|---|' if reference else ''))
     for name in protocol.corruptions:

@@ -68,7 +68,7 @@ def main() -> None:
           'of the codes')
     for c, per_sev in result['codes_changed'].items():
         print(f'{c:22s} codes changed: ' + ', '.join(f'{s}: {100 * v:.1f}%'
-                                                   for s, v in per_sev.items()))
+                                                     for s, v in per_sev.items()))
     print(f'figures and token_view.json in {args.out_dir} ({osp.basename(plot)})')
 
 

@@ -181,8 +181,7 @@ def one_pass_cells(runner, cfg: Config, cells: List[Cell], evaluator_cfg: Any,
     _, world = get_dist_info()
     loop = OverlappedTestLoop(runner, loader, evaluator_cfg,
                               post_process_queue=post_process_queue, prefetch=prefetch)
-    runner._test_loop = loop  # NOTE: hooks that ask runner.test_dataloader get this one, and
-    # the runner does not build (and parse) the config's own test set besides
+    loop.as_runner_test_loop()
     progress_bar.set_total(images * len(cells))
     return _iterate_one_pass(runner, loop, cells, per_cell, images, world, progress_bar)
 

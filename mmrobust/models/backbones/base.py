@@ -48,8 +48,8 @@ class DenseBackbone(BaseModule):
     def _run_block(self, block: nn.Module, *args: Any) -> Any:
         """``block(*args)``, through gradient checkpointing where it pays.
 
-        ``block(*args)``, through gradient checkpointing when ``with_cp`` is set and a backward pass
-        may follow (training, or an input-gradient attack in eval mode).
+        That is when ``with_cp`` is set and a backward pass may follow (training, or an
+        input-gradient attack in eval mode).
         """
         if self.with_cp and torch.is_grad_enabled():
             return cp.checkpoint(block, *args, use_reentrant=False)
@@ -82,8 +82,8 @@ class DenseBackbone(BaseModule):
     def newly_added(self) -> Tuple[str, ...]:
         """Key prefixes of layers that a foreign checkpoint cannot hold.
 
-        Key prefixes of layers that a foreign (e.g. ImageNet classification) checkpoint cannot hold;
-        they keep their initialisation when such a checkpoint is loaded.
+        A foreign checkpoint is an ImageNet classifier's, say; these layers keep their
+        initialisation when one is loaded.
         """
         return ()
 
