@@ -16,11 +16,11 @@ backend an evaluator config's COCO metrics use is chosen in :mod:`.evaluator_cfg
 """
 import copy
 import importlib
-import threading
+import types
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from mmdet.evaluation.metrics import CocoMetric
 
@@ -100,23 +100,6 @@ def coco_backend(name: str) -> CocoBackend:
     return CocoBackend(name, lib_version, coco, cocoeval)
 
 
-# mmdet's compute_metrics names COCOeval through its module's globals
-_SWAP_LOCK = threading.RLock()  # NOTE: re-entered: the COCOeval and the loadRes swaps
-
-
-@contextmanager
-def _mmdet_cocoeval(cocoeval: type) -> Iterator[None]:
-    from mmdet.evaluation.metrics import coco_metric as module
-    with _SWAP_LOCK:  # NOTE: one metric at a time in a process swaps the class
-        saved = module.COCOeval, module.COCOevalMP
-        # NOTE: mmdet names COCOevalMP when use_mp_eval is set (backend 'mmdet-mp')
-        module.COCOeval = module.COCOevalMP = cocoeval
-        try:
-            yield
-        finally:
-            module.COCOeval, module.COCOevalMP = saved
-
-
 @METRICS.register_module()
 class RobustCocoMetric(CocoMetric):
     """mmdet's ``CocoMetric`` evaluated by the COCO library ``backend``.
@@ -176,20 +159,31 @@ class RobustCocoMetric(CocoMetric):
         super().process(data_batch, encoded)
 
     def compute_metrics(self, results: list) -> Dict[str, float]:
-        """mmdet's computation, with the backend's ``COCO``.
+        """mmdet's computation, with the backend's ``COCO`` and ``COCOeval``.
 
-        mmdet's computation; ground truth converted from the dataset (no ann_file) is parsed by the
-        backend's ``COCO`` too.
+        Ground truth converted from the dataset (no ann_file) is parsed by the backend's ``COCO``
+        too. mmdet's own ``compute_metrics`` runs with its ``COCOeval`` / ``COCOevalMP`` bound,
+        for this call only, to the backend's (:func:`_mmdet_compute_metrics`): nothing shared
+        is changed, so metrics of other backends may compute beside this one, and the COCOeval
+        objects this call evaluates are its own (kept for the per-image matching).
         """
         if self._coco_api is None:
             gts = [gt for gt, _ in results]
             self._gt_from_dataset(gts)
-        cocoeval = _keeping(self.backend.cocoeval) if self.per_image else self.backend.cocoeval
-        with _mmdet_cocoeval(cocoeval), _empty_results_scored(self._coco_api):
-            start = len(_KEPT)  # NOTE: the swap's lock is held: no other metric appends
-            metrics = super().compute_metrics(results)
-            evaluated = _KEPT[start:]
-            del _KEPT[start:]
+        empty = all(len(pred['labels']) == 0 for _, pred in results)
+        # NOTE: an empty set is scored in this process: mmdet-mp's workers would unpickle the
+        # ground truth with the instance's loadRes of an empty set (a closure) otherwise
+        cocoeval = (coco_backend('pycocotools').cocoeval if empty and self.backend.name ==
+                    'mmdet-mp' else self.backend.cocoeval)
+        evaluated: List[Any] = []
+
+        def build(*args: Any, **kwargs: Any) -> Any:
+            evaluation = cocoeval(*args, **kwargs)
+            evaluated.append(evaluation)
+            return evaluation
+
+        with _empty_predictions_scored(self._coco_api, empty):
+            metrics = _mmdet_compute_metrics(build)(self, results)
         if self.per_image:
             from .per_image import PER_IMAGE_KEY, coco_block
             metrics[PER_IMAGE_KEY] = [coco_block(e, f'{e.params.iouType}_') for e in evaluated
@@ -203,39 +197,15 @@ class RobustCocoMetric(CocoMetric):
             self._coco_api = self.backend.coco(self.gt_to_coco_json(gts, prefix))
 
 
-#: The COCOeval objects of the running metric, kept after ``evaluate`` (see :func:`_keeping`).
-_KEPT: List[Any] = []
-_KEEPING_PREFIX = '_Keeping'
+def _mmdet_compute_metrics(cocoeval: Callable[..., Any]) -> Callable[..., Dict[str, float]]:
+    """mmdet's ``CocoMetric.compute_metrics`` with ``cocoeval`` as its ``COCOeval(MP)``.
 
-
-def _kept_evaluate(self: Any) -> None:
-    super(type(self), self).evaluate()
-    _KEPT.append(self)
-
-
-def _keeping(cocoeval: type) -> type:
-    """The backend's COCOeval whose objects are kept after ``evaluate``.
-
-    They are kept for their per-image matching. It is a class of this module: mmdet-mp pickles the
-    object to its processes, which find the class by name (see the module's ``__getattr__``).
+    The function's code over a copy of its module's globals: mmdet's module stays as it is.
     """
-    name = f'{_KEEPING_PREFIX}{cocoeval.__name__}'
-    cls = globals().get(name)
-    if cls is None or cls.__bases__[0] is not cocoeval:
-        cls = type(name, (cocoeval, ), {'evaluate': _kept_evaluate, '__module__': __name__,
-                                        '__qualname__': name})
-        globals()[name] = cls
-    return cls
-
-
-def __getattr__(name: str) -> type:
-    """A :func:`_keeping` class by name, in a process that unpickles it before building it."""
-    if name.startswith(_KEEPING_PREFIX):
-        for backend in COCO_BACKENDS:
-            cocoeval = coco_backend(backend).cocoeval
-            if f'{_KEEPING_PREFIX}{cocoeval.__name__}' == name:
-                return _keeping(cocoeval)
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    function = CocoMetric.compute_metrics
+    names = {**function.__globals__, 'COCOeval': cocoeval, 'COCOevalMP': cocoeval}
+    return types.FunctionType(function.__code__, names, function.__name__,
+                              function.__defaults__, function.__closure__)
 
 
 def _sort_categories(coco_api: Any) -> None:
@@ -250,38 +220,35 @@ def _sort_categories(coco_api: Any) -> None:
 
 
 @contextmanager
-def _empty_results_scored(coco_api: Any) -> Iterator[None]:
+def _empty_predictions_scored(coco_api: Any, empty: bool) -> Iterator[None]:
     """``coco_api.loadRes([])`` gives a result set without detections instead of failing.
 
     pycocotools' ``loadRes`` indexes the first result, so mmdet's ``compute_metrics`` catches
     the IndexError, logs "results ... empty" and returns ``{}`` for a cell where the model
-    detected nothing; faster-coco-eval scores it (zeros). Every backend now scores it. The
-    class is patched for the block (not the instance: mmdet-mp pickles the instance to its
-    processes), one metric at a time.
+    detected nothing; faster-coco-eval scores it (zeros). Every backend now scores it. Only
+    this metric's ground truth is changed, for the block, and only when the set is empty.
     """
-    if coco_api is None:
+    if not empty:
         yield
         return
     from mmengine.logging import print_log
-    cls = type(coco_api)
-    original = cls.loadRes
+    original = coco_api.loadRes
 
-    def load_res(self: Any, results: Any) -> Any:
+    def load_res(results: Any) -> Any:
         if isinstance(results, (list, tuple)) and len(results) == 0:
             print_log('no detection in the whole prediction set: scored as detections that '
                       'miss every object (AP 0 wherever there is ground truth)',
                       logger='current', level=30)
-            empty = type(self)()
-            empty.dataset = {'images': list(self.dataset['images']),
-                             'categories': copy.deepcopy(self.dataset['categories']),
-                             'annotations': []}
-            empty.createIndex()
-            return empty
-        return original(self, results)
+            scored = type(coco_api)()
+            scored.dataset = {'images': list(coco_api.dataset['images']),
+                              'categories': copy.deepcopy(coco_api.dataset['categories']),
+                              'annotations': []}
+            scored.createIndex()
+            return scored
+        return original(results)
 
-    with _SWAP_LOCK:
-        cls.loadRes = load_res
-        try:
-            yield
-        finally:
-            cls.loadRes = original
+    coco_api.loadRes = load_res
+    try:
+        yield
+    finally:
+        del coco_api.loadRes

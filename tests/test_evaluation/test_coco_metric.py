@@ -392,3 +392,54 @@ def test_a_cell_without_any_detection_scores_zero(synthetic, backend):
     # the per-image matching of the empty cell is there too, so the bootstrap counts it
     from mmrobust.evaluation.per_image import PER_IMAGE_KEY
     assert [b['metric_prefix'] for b in values[PER_IMAGE_KEY]] == ['bbox_', 'segm_']
+
+
+def test_the_backend_is_the_metrics_own_and_mmdets_module_is_left_alone(synthetic):
+    """Each metric evaluates with its own backend; mmdet's module names are never swapped.
+
+    Before, ``compute_metrics`` swapped ``COCOeval`` in mmdet's module (under a lock, with the
+    evaluated objects in a module list): a metric of another backend in the same process saw
+    the swapped class.
+    """
+    import dataclasses
+    import threading
+
+    from mmdet.evaluation.metrics import coco_metric as mmdet_module
+    path, gt, dets = synthetic
+    dets = dets[:30]
+    meta = {'classes': tuple(c['name'] for c in gt['categories'])}
+    original = mmdet_module.COCOeval
+    seen = []
+
+    def metric(backend):
+        m = RobustCocoMetric(backend=backend, ann_file=path, metric=['bbox'], per_image=True)
+        cocoeval = m.backend.cocoeval
+
+        class Watched(cocoeval):
+            def evaluate(self):
+                seen.append(mmdet_module.COCOeval)
+                super().evaluate()
+
+        m.backend = dataclasses.replace(m.backend, cocoeval=Watched)
+        m.dataset_meta = meta
+        m.process({}, _samples(dets))
+        return m
+
+    def computed(m):
+        return m.compute_metrics(m.results)
+    serial = {b: computed(metric(b)) for b in ('pycocotools', 'faster-coco-eval')}
+    assert seen and all(cls is original for cls in seen)
+    together = {}
+    metrics = {b: metric(b) for b in serial}
+    threads = [threading.Thread(target=lambda b=b: together.__setitem__(b, computed(metrics[b])))
+               for b in metrics]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    from mmrobust.evaluation.per_image import PER_IMAGE_KEY
+    for b in serial:
+        assert {k: v for k, v in together[b].items() if k != PER_IMAGE_KEY} == {
+            k: v for k, v in serial[b].items() if k != PER_IMAGE_KEY}
+        assert len(together[b][PER_IMAGE_KEY]) == 1  # NOTE: its own evaluation, not the other's
+    assert mmdet_module.COCOeval is original
