@@ -443,3 +443,37 @@ def test_the_backend_is_the_metrics_own_and_mmdets_module_is_left_alone(syntheti
             k: v for k, v in serial[b].items() if k != PER_IMAGE_KEY}
         assert len(together[b][PER_IMAGE_KEY]) == 1  # NOTE: its own evaluation, not the other's
     assert mmdet_module.COCOeval is original
+
+
+#: mmdet's CocoMetric options a config may set, each checked on every backend
+MMDET_OPTIONS = {
+    'bbox-segm': dict(metric=['bbox', 'segm']),
+    'classwise': dict(metric='bbox', classwise=True),
+    'proposal': dict(metric='proposal', proposal_nums=(10, 30, 100)),
+    'iou-thrs': dict(metric='bbox', iou_thrs=[0.5, 0.75]),
+    'metric-items': dict(metric=['bbox', 'segm'], metric_items=['mAP_50', 'mAP_s', 'AR@100']),
+}
+
+
+@pytest.mark.parametrize('options', list(MMDET_OPTIONS.values()), ids=list(MMDET_OPTIONS))
+@pytest.mark.parametrize('backend', sorted(COCO_BACKENDS))
+def test_every_option_of_mmdets_metric_gives_mmdets_keys_and_numbers(synthetic, backend,
+                                                                     options):
+    """RobustCocoMetric runs mmdet's own computation: as mmdet changes it, this says so."""
+    from mmdet.evaluation import CocoMetric
+    path, gt, dets = synthetic
+    dets = dets[:30]
+    meta = {'classes': tuple(c['name'] for c in gt['categories'])}
+    out = []
+    for metric in (CocoMetric(ann_file=path, **options),
+                   RobustCocoMetric(backend=backend, ann_file=path, **options)):
+        metric.dataset_meta = meta
+        metric.process({}, _samples(dets))
+        out.append(metric.evaluate(len(dets)))
+    reference, robust = out
+    assert robust.keys() == reference.keys() and reference
+    for key, value in robust.items():
+        if isinstance(value, float):  # NOTE: mmdet rounds to 3 decimals
+            assert abs(value - reference[key]) <= 1e-3 + 1e-9, key
+        else:
+            assert value == reference[key], key
