@@ -54,7 +54,7 @@ from mmrobust.evaluation import RobustnessOptions, evaluate_robustness, results_
 from mmrobust.evaluation.attack_families import attack_families
 from mmrobust.evaluation.attacks import attack_names, attack_plan
 from mmrobust.evaluation.coco_metric import COCO_BACKENDS, DEFAULT_ROBUSTNESS_BACKEND
-from mmrobust.evaluation.overlapped_loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH
+from mmrobust.evaluation.loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH
 from mmrobust.evaluation.report import write_report
 from mmrobust.evaluation.results import report_dir
 from mmrobust.evaluation.robustness import DEFAULT_METRIC_QUEUE

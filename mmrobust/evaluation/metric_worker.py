@@ -1,6 +1,6 @@
 """A cell's metric computed beside the next cell's inference, in a process of its own.
 
-The robustness loop runs a cell's inference with :class:`~.overlapped_loop.InferenceLoop`
+The robustness loop runs a cell's inference with :class:`~.loop.InferenceLoop`
 (mmengine's ``TestLoop`` up to and including each metric's per-batch ``process`` and the
 gathering of its results to rank 0, without ``compute_metrics``). Rank 0 saves the gathered
 results (:mod:`.predictions_file`) and hands the file to a :class:`MetricWorker`, a separate

@@ -1,6 +1,6 @@
 """A cell's predictions on disk: the file a metric is computed from, in this process or another.
 
-Rank 0 writes the gathered results of a cell's metrics (:func:`~.overlapped_loop.gather_parts`)
+Rank 0 writes the gathered results of a cell's metrics (:func:`~.loop.gather_parts`)
 to a predictions file next to the results file, atomically, with a header that names the
 evaluation (the results identity's fingerprint) and the cell; the metric worker
 (:mod:`.metric_worker`) computes from it. The file is removed only after the cell's metrics are

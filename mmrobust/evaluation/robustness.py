@@ -36,9 +36,9 @@ from ..utils.progress import Progress
 from .cell_evaluators import CellEvaluators
 from .cell_kinds import CELL_KINDS, WORST, Cell, CellKind, CellRun, RunSpec, kind_of
 from .evaluator_cfg import side_file_metrics, without_backend, without_unread_gt_masks
+from .loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH
 from .metric_queue import MetricQueue, RankedQueue
 from .metric_worker import worker_imports
-from .overlapped_loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH
 from .per_image import StatsTarget, stats_path
 from .rank0 import RANK0_POLL_S, Plan, broadcast_plan, plan_on_rank0
 from .results import (
@@ -99,9 +99,9 @@ class RobustnessOptions:
         one_pass: every cell from one dataloader (:mod:`.cell_kinds.one_pass`), else one per cell.
         post_process_queue: batches whose post-processing (``evaluator.process``: outputs to
             the host, mask encoding) waits in a thread beside the next batches' forward
-            (:mod:`.overlapped_loop`); 0: in the loop.
+            (:mod:`.loop`); 0: in the loop.
         prefetch: batches received and preprocessed ahead of the model, on a thread
-            (:mod:`.overlapped_loop`); 0: in the loop.
+            (:mod:`.loop`); 0: in the loop.
         shard: ``(i, n)``, the i-th of n disjoint shards of the cells
             (:func:`~.shards.shard_cells`; joined by :func:`~.shards.merge_results`).
         attacks: adversarial cells ``(attack, k)`` (:func:`~.attacks.attack_plan`).

@@ -1,4 +1,4 @@
-"""The robustness loop's host work beside the model (evaluation/overlapped_loop.py).
+"""The robustness loop's host work beside the model (evaluation/loop/overlapped.py).
 
 Batches post-processed in order on a thread, preprocessed ahead on another, errors raised in the
 loop, and a run's numbers identical to the serial loop's; ground-truth masks that no metric reads
@@ -34,7 +34,7 @@ class _Recorder:
 
 @pytest.mark.parametrize('depth', [0, 1, 3])
 def test_post_processing_keeps_the_order_on_its_own_thread(depth):
-    from mmrobust.evaluation.overlapped_loop import PostProcessThread
+    from mmrobust.evaluation.loop import PostProcessThread
     recorder = _Recorder(delay=0.002)
     post = PostProcessThread(recorder, depth)
     for batch in range(12):
@@ -47,7 +47,7 @@ def test_post_processing_keeps_the_order_on_its_own_thread(depth):
 
 
 def test_post_processing_error_is_raised_in_the_loop_and_stops_the_batches_after_it():
-    from mmrobust.evaluation.overlapped_loop import PostProcessThread
+    from mmrobust.evaluation.loop import PostProcessThread
     recorder = _Recorder(fail_at=3)
     post = PostProcessThread(recorder, 2)
     with pytest.raises(ValueError, match='metric failed on batch 3'):
@@ -63,7 +63,7 @@ def test_post_processing_error_is_raised_in_the_loop_and_stops_the_batches_after
 
 def test_post_processing_queue_is_bounded():
     """A full queue makes the loop wait (counted in wait_s) instead of holding every batch."""
-    from mmrobust.evaluation.overlapped_loop import PostProcessThread
+    from mmrobust.evaluation.loop import PostProcessThread
     gate = threading.Event()
 
     class Blocked:
@@ -84,7 +84,7 @@ def test_post_processing_queue_is_bounded():
 
 
 def test_prefetch_keeps_the_order_raises_where_its_batch_was_due_and_stops_early():
-    from mmrobust.evaluation.overlapped_loop import BatchPrefetcher
+    from mmrobust.evaluation.loop import BatchPrefetcher
 
     def preprocess(batch):
         if batch == 5:
@@ -105,7 +105,7 @@ def test_prefetch_keeps_the_order_raises_where_its_batch_was_due_and_stops_early
 
 
 def test_prefetch_splits_only_the_plain_test_step():
-    from mmrobust.evaluation.overlapped_loop import split_test_step
+    from mmrobust.evaluation.loop import split_test_step
 
     class OwnTestStep(OverlapStub):
         def test_step(self, data):
@@ -248,7 +248,7 @@ def test_run_computes_the_metrics_after_every_batch_is_post_processed():
     mmengine's ``TestLoop.run``, which it inherited, would have computed the metrics with batches
     still waiting in the queue (and left its thread running).
     """
-    from mmrobust.evaluation.overlapped_loop import OverlappedTestLoop
+    from mmrobust.evaluation.loop import OverlappedTestLoop
 
     class Evaluator(_Recorder):
         def evaluate(self, size):

@@ -79,7 +79,7 @@ class CellRun:
         spec: the run's :class:`RunSpec`.
         evaluators: a cell's evaluator config (:class:`~..cell_evaluators.CellEvaluators`).
         progress_bar: the run's :class:`~mmrobust.utils.progress.Progress`.
-        post_process_queue, prefetch: of :class:`~..overlapped_loop.OverlappedTestLoop`.
+        post_process_queue, prefetch: of :class:`~..loop.OverlappedTestLoop`.
         one_pass: one dataloader for every cell where a kind offers it.
         writes_files: why every cell needs its own evaluator (a metric writes files), or None.
         loading: how the cells were loaded, recorded in the results (a kind adds to it).

@@ -9,7 +9,6 @@ gives every cell the batches the config's own sampler would give this rank, neve
 cells in a batch, so the workers prefetch cell k+1 while cell k's last batches are in flight.
 """
 import copy
-import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from mmengine.config import Config
@@ -20,15 +19,13 @@ from ...corruptions.stored import cell_image_path
 from ...datasets.transforms import CELL_KEY
 from ...utils.config_checks import leaf_datasets
 from ...utils.progress import Progress
-from ..cell_inference import loading_share
 from ..cells import Cell, CellSource, check_stored_paths
 from ..evaluator_cfg import find_loading_step
-from ..metric_queue import cell_label
-from ..overlapped_loop import (
+from ..loop import (
     DEFAULT_POST_PROCESS_QUEUE,
     DEFAULT_PREFETCH,
     OverlappedTestLoop,
-    gather_parts,
+    iterate_one_pass,
 )
 from . import CLEAN, Inferred
 
@@ -173,7 +170,7 @@ def one_pass_cells(runner, cfg: Config, cells: List[Cell], evaluator_cfg: Any,
                    prefetch: int = DEFAULT_PREFETCH) -> Iterator[Inferred]:
     """Every cell's inference from one dataloader, the evaluator built once.
 
-    Yields as :func:`~..cell_inference.per_cell_cells`. Raises ``OnePassUnsupported`` before
+    Yields as :func:`~..loop.per_cell_cells`. Raises ``OnePassUnsupported`` before
     any inference.
     """
     loader, per_cell = one_pass_loader(runner, cfg, cells, seed, bgr_compat, corrupted_root)
@@ -183,45 +180,4 @@ def one_pass_cells(runner, cfg: Config, cells: List[Cell], evaluator_cfg: Any,
                               post_process_queue=post_process_queue, prefetch=prefetch)
     loop.as_runner_test_loop()
     progress_bar.set_total(images * len(cells))
-    return _iterate_one_pass(runner, loop, cells, per_cell, images, world, progress_bar)
-
-
-def _batch_size(item: Any) -> int:
-    """Samples in a batch of :meth:`~.overlapped_loop.OverlappedTestLoop.batches`."""
-    batch = item[0] if isinstance(item, tuple) else item
-    return len(batch['inputs'])
-
-
-def _iterate_one_pass(runner, loop, cells, per_cell: int, images: int, world: int,
-                      progress_bar: Progress) -> Iterator[Inferred]:
-    """Cell by cell: this rank's ``per_cell`` batches of the cell, then every metric's gather.
-
-    The gather runs on every rank, even one without a batch of the cell (``round_up=False`` with
-    fewer images than ranks, ``drop_last``): the gather is a collective.
-    """
-    loop.begin()
-    batches = loop.batches()
-    index = 0
-    try:
-        for cell in cells:
-            progress_bar.describe(cell_label(cell))
-            start, shown, waited = time.perf_counter(), 0, loop.post_process.wait_s
-            for b in range(per_cell):
-                batch = next(batches)
-                loop.run_iter(index, batch)
-                index += 1
-                # NOTE: this rank's samples times the ranks, as far as the cell has images
-                seen = min(images, (b + 1) * _batch_size(batch) * world)
-                progress_bar.update(seen - shown)
-                shown = seen
-            if shown < images:  # NOTE: this rank had fewer (or no) batches than others
-                progress_bar.update(images - shown)
-            loop.finish_batches()  # NOTE: the cell's last batches processed before its gather
-            parts = [gather_parts(metric, images) for metric in loop.evaluator.metrics]
-            timing = {'inference_s': round(time.perf_counter() - start, 3),
-                      **loading_share(runner, per_cell),
-                      'post_process_wait_s': round(loop.post_process.wait_s - waited, 3)}
-            yield cell, parts, loop.evaluator.metrics, loop.evaluator.dataset_meta, timing
-    finally:  # NOTE: also when the caller stops early (an error, a generator closed)
-        loop.close(cancel=True)
-    loop.end({})
+    return iterate_one_pass(runner, loop, cells, per_cell, images, world, progress_bar)

@@ -1,7 +1,7 @@
 """A kind whose cells each get a dataloader of their own: the base of the built-in kinds."""
 from typing import Any, Iterator, List
 
-from ..cell_inference import per_cell_cells
+from ..loop import per_cell_cells
 from . import Cell, CellKind, CellRun, Inferred
 
 __all__ = ['PerCellKind']
