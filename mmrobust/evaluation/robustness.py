@@ -313,8 +313,9 @@ def _infer_cells(run: CellRun, plan: Plan, queue: RankedQueue) -> Dict[str, str]
         run.light, gt_masks = without_unread_gt_masks(run.cfg, run.evaluators(scored[0])[0])
         if gt_masks:
             run.loading['gt_masks'] = gt_masks
-            print_log(f'ground-truth masks of the cells that read what their metrics read: '
-                      f'{gt_masks}', logger='current')
+            # NOTE: the built-in kinds that read what their metrics read
+            print_log(f'ground-truth masks of the corruption and shift cells: {gt_masks}',
+                      logger='current')
     inference = itertools.chain.from_iterable(
         kind.infer(run, cells) for kind, cells in groups.values())
     for cell, parts, loop_metrics, dataset_meta, timing in inference:
