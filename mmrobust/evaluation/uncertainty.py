@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..utils.errors import MMRobustError
+from .cell_kinds import counts_in_mpc, kind_of
 from .metrics import CLEAN, mean_over_corruptions
 from .per_image import load_cell_stats, scorer, stats_folders, stats_path
 from .results import corruption_cells, evaluation_sha256
@@ -151,7 +152,6 @@ def cell_stats(results_path: str, results: Mapping) -> CellStats:
             f'{len(stats.missing)} cell(s) have no per-image statistics in '
             f'{folders[0]} (a run with --no-per-image-stats, an mmrobust before them, or a '
             'metric that keeps none)')
-    from .cell_kinds import kind_of
     for cell in [c for c in found if kind_of(c[0]).own_images]:
         scorers = found.pop(cell)
         own = sorted({i for s in scorers for i in s.images})
@@ -304,7 +304,6 @@ def corruption_errors(cells: Mapping, reference: Mapping, metric: str,
             raise KeyError(f'{corruption} {severity}')
         return float(scores[metric])
 
-    from .cell_kinds import counts_in_mpc
     names = corruptions or [c for c in cells if counts_in_mpc(c)]
     per: Dict[str, Dict[str, float]] = {}
     missing: List[str] = []

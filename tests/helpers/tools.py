@@ -89,3 +89,23 @@ def assert_user_error(status: int, stderr: str, code: int, *texts: str) -> str:
     message = stderr[stderr.index(lines[0]):]
     assert all(t in message for t in texts), f'{texts} not all in {message!r}'
     return message
+
+
+def robustness_runner(config: str, work_dir: str, checkpoint: Optional[str] = None,
+                options: Optional[Dict] = None):
+    """A runner of a repository config for ``evaluate_robustness``: its test set, checkpoint loaded.
+
+    ``options``: ``--cfg-options`` as a dict. Returns ``(runner, cfg)``.
+    """
+    from mmengine.config import Config
+
+    from mmrobust.apis import apply_common_args, apply_test_args, build_runner
+    cfg = Config.fromfile(str(REPO / config))
+    cfg = apply_common_args(cfg, str(REPO / config), 'none', work_dir, options)
+    if checkpoint is not None:
+        cfg = apply_test_args(cfg, checkpoint)
+    runner = build_runner(cfg, ('test_dataloader', ))
+    runner.call_hook('before_run')
+    if checkpoint is not None:
+        runner.load_or_resume()
+    return runner, cfg

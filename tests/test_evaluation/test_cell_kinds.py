@@ -128,27 +128,19 @@ def _occlusion_kind():
 
 def test_a_kind_registered_at_run_time_runs_end_to_end(toy_data, tmp_path):
     """One class, nothing else: its cells are planned, identified, inferred and resumed."""
-    from mmengine.config import Config
     from test_robustness import _init_checkpoint
 
-    from mmrobust.apis import apply_common_args, apply_test_args, build_runner
     from mmrobust.corruptions import resolve_protocol
     from mmrobust.evaluation import RobustnessOptions, evaluate_robustness
     from mmrobust.evaluation.results import planned_cells
 
-    from helpers import DEMO_DET_CFG
+    from helpers import DEMO_DET_CFG, robustness_runner
     kind = register_cell_kind(_occlusion_kind())
     try:
         ckpt = _init_checkpoint(DEMO_DET_CFG, tmp_path / 'det.pth')
-        cfg = Config.fromfile(str(REPO / DEMO_DET_CFG))
-        cfg = apply_common_args(cfg, str(REPO / DEMO_DET_CFG), 'none', str(tmp_path / 'work'),
-                                {'test_dataloader.num_workers': 0,
-                                 'test_dataloader.persistent_workers': False,
-                                 'test_dataloader.dataset.indices': 2})
-        cfg = apply_test_args(cfg, str(ckpt))
-        runner = build_runner(cfg, ('test_dataloader', ))
-        runner.call_hook('before_run')
-        runner.load_or_resume()
+        runner, cfg = robustness_runner(DEMO_DET_CFG, str(tmp_path / 'work'), str(ckpt), {
+            'test_dataloader.num_workers': 0, 'test_dataloader.persistent_workers': False,
+            'test_dataloader.dataset.indices': 2})
         protocol = resolve_protocol(None, ['fog'], [1])
         path = str(tmp_path / 'r.json')
 

@@ -9,7 +9,7 @@ from typing import Dict, List, Tuple
 import pytest
 from mmengine.config import Config
 
-from helpers import DEMO_DET_CFG, REPO, run_tool
+from helpers import DEMO_DET_CFG, REPO, robustness_runner, run_tool
 
 CELLS = [('clean', 0), ('gaussian_noise', 2), ('contrast', 5), ('jpeg_compression', 1)]
 
@@ -83,7 +83,6 @@ def test_one_pass_parses_annotations_once_and_says_where_the_time_went(toy_data,
     from mmdet.datasets import CocoDataset
     from test_robustness import _init_checkpoint
 
-    from mmrobust.apis import apply_common_args, apply_test_args, build_runner
     from mmrobust.corruptions import resolve_protocol
     from mmrobust.evaluation import RobustCocoMetric, RobustnessOptions, evaluate_robustness
     counts = {'dataset': 0, 'metric': 0}
@@ -101,15 +100,9 @@ def test_one_pass_parses_annotations_once_and_says_where_the_time_went(toy_data,
     monkeypatch.setenv('MMROBUST_PROGRESS_INTERVAL_S', '1000')
 
     ckpt = _init_checkpoint(DEMO_DET_CFG, tmp_path / 'det.pth')
-    cfg = Config.fromfile(str(REPO / DEMO_DET_CFG))
-    cfg = apply_common_args(cfg, str(REPO / DEMO_DET_CFG), 'none', str(tmp_path / 'work'),
-                            {'test_dataloader.num_workers': 1,
-                             'test_dataloader.persistent_workers': False,
-                             'test_dataloader.dataset.indices': 4})
-    cfg = apply_test_args(cfg, str(ckpt))
-    runner = build_runner(cfg, ('test_dataloader', ))
-    runner.call_hook('before_run')
-    runner.load_or_resume()
+    runner, cfg = robustness_runner(DEMO_DET_CFG, str(tmp_path / 'work'), str(ckpt), {
+        'test_dataloader.num_workers': 1, 'test_dataloader.persistent_workers': False,
+        'test_dataloader.dataset.indices': 4})
     capsys.readouterr()
     data = evaluate_robustness(runner, cfg, resolve_protocol(None, ['gaussian_noise', 'fog'],
                                                              [1]),

@@ -12,6 +12,7 @@ This module is the registry and the base class, and imports nothing of the run; 
 kinds (:mod:`.corruption`, :mod:`.attack`, :mod:`.shift`) build on the run's machinery and
 register themselves when :mod:`mmrobust.evaluation` is imported.
 """
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Dict, Iterator, List, Mapping, Optional, Tuple
 
@@ -154,7 +155,6 @@ class CellKind:
 
     def model_context(self, run: CellRun, cell: Cell) -> ContextManager:
         """What the model runs within for ``cell`` (an attack's preprocessor)."""
-        from contextlib import nullcontext
         return nullcontext()
 
     def infer(self, run: CellRun, cells: List[Cell]) -> Iterator[Inferred]:
