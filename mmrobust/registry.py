@@ -1,8 +1,12 @@
-"""Registration into both OpenMMLab scopes.
+"""Registration into both OpenMMLab scopes, and mmrobust's own.
 
 mmdet and mmseg each have their own child registries (``mmdet::model``, ``mmseg::model``, ...) and a
-lookup never searches a sibling scope, so every mmrobust module is registered in both. Use the
-objects here exactly like mmengine registries::
+lookup never searches a sibling scope, so every mmrobust module is registered in both: a config
+that imports mmrobust (``custom_imports``) names them plainly (``type='OverlappedTestLoop'``).
+mmrobust's own registries (scope ``mmrobust``, children of mmengine's, as mmdet's and mmseg's are)
+hold them too, so that any mmdet / mmseg config can name one with its scope
+(``test_cfg = dict(type='mmrobust.OverlappedTestLoop')``): mmengine imports this module and, from
+it, mmrobust. Use the objects here exactly like mmengine registries::
 
     from mmrobust.registry import MODELS
 
@@ -12,22 +16,31 @@ objects here exactly like mmengine registries::
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 from mmdet import registry as det_registry
+from mmengine import registry as root_registry
 from mmengine.registry import Registry
 from mmseg import registry as seg_registry
 
 __all__ = ['MODELS', 'HOOKS', 'TRANSFORMS', 'DATASETS', 'METRICS', 'OPTIM_WRAPPERS',
-           'OPTIM_WRAPPER_CONSTRUCTORS', 'SCOPES', 'registered_modules']
+           'OPTIM_WRAPPER_CONSTRUCTORS', 'LOOPS', 'SCOPES', 'registered_modules']
 
 SCOPES = ('mmdet', 'mmseg')
 
 
 class ScopedRegistries:
-    """Registers a module into the same-named registry of every scope in :data:`SCOPES`."""
+    """Registers a module into the same-named registry of every scope in :data:`SCOPES`.
+
+    And into mmrobust's own (:attr:`own`, scope ``mmrobust``, a child of mmengine's root registry
+    of that name), from which a scoped name (``mmrobust.OverlappedTestLoop``) is built.
+    """
 
     def __init__(self, name: str) -> None:
         self.name = name
+        root = getattr(root_registry, name)
+        # NOTE: mmengine imports ``mmrobust.registry`` for a ``mmrobust.`` name, then the
+        # locations, which register every module
+        self.own = Registry(root.name, parent=root, scope='mmrobust', locations=['mmrobust'])
         self.registries: Tuple[Registry, ...] = (getattr(det_registry, name),
-                                                 getattr(seg_registry, name))
+                                                 getattr(seg_registry, name), self.own)
         self.modules: Dict[str, Type] = {}
 
     def register_module(self, name: Optional[str] = None, force: bool = False,
@@ -55,10 +68,11 @@ DATASETS = ScopedRegistries('DATASETS')
 METRICS = ScopedRegistries('METRICS')
 OPTIM_WRAPPERS = ScopedRegistries('OPTIM_WRAPPERS')
 OPTIM_WRAPPER_CONSTRUCTORS = ScopedRegistries('OPTIM_WRAPPER_CONSTRUCTORS')
+LOOPS = ScopedRegistries('LOOPS')
 
 
 def registered_modules() -> List[Tuple[str, str, Any]]:
     """(registry name, module name, class) for everything mmrobust registered."""
     registries = (MODELS, HOOKS, TRANSFORMS, DATASETS, METRICS, OPTIM_WRAPPERS,
-                  OPTIM_WRAPPER_CONSTRUCTORS)
+                  OPTIM_WRAPPER_CONSTRUCTORS, LOOPS)
     return [(reg.name, key, cls) for reg in registries for key, cls in reg.modules.items()]

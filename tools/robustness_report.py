@@ -49,9 +49,9 @@ from mmrobust.evaluation.uncertainty import DEFAULT_REPLICATES, Bootstrap
 
 def merge(argv: List[str]) -> int:
     """``merge SHARD... --out MERGED``: one results file from the shards' files."""
+    from mmrobust.evaluation.cell_kinds import CELL_KINDS
     from mmrobust.evaluation.per_image import stats_folders
     from mmrobust.evaluation.shards import merge_results
-    from mmrobust.evaluation.worst_case import add_worst_case
     from mmrobust.utils.io import atomic_json, exclusive_lock
     parser = argparse.ArgumentParser(
         prog='robustness_report.py merge',
@@ -65,10 +65,12 @@ def merge(argv: List[str]) -> int:
     if osp.abspath(args.out) in {osp.abspath(p) for p in args.shards}:
         parser.error(f'--out {args.out} is one of the shards: write the merge elsewhere')
     merged = merge_results([(p, load_results(p)) for p in args.shards], args.allow_missing)
-    # NOTE: the worst case over attacks needs every attack cell: the shards may split them
-    skipped = add_worst_case(args.out, merged, stats_folders(args.out, merged))
-    for k, why in skipped.items():
-        print(f'no worst-case cell at budget {k}: {why}')
+    # NOTE: what a kind computes from the recorded cells (the worst case over attacks) needs
+    # every cell: the shards may split them
+    folders = stats_folders(args.out, merged)
+    for kind in CELL_KINDS.values():
+        for what, why in kind.finish(args.out, merged, folders).items():
+            print(f'no {what}: {why}')
     with exclusive_lock(args.out):  # NOTE: not over a results file a run is writing
         atomic_json(args.out, merged)
     cells = sum(len(v) for v in merged['cells'].values())

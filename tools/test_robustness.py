@@ -25,15 +25,17 @@ from pathlib import Path
 # the mmrobust of this checkout, not whichever one is installed
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mmrobust.utils.errors import UsageError, run_tool
+from mmrobust.utils.errors import InputNotFoundError, run_tool
 from mmrobust.utils.origin import report_origin
 
 report_origin(__file__)
 
 import argparse
 import os.path as osp
+from typing import List, Optional, Tuple
 
 from mmengine.config import Config
+from mmengine.utils import import_modules_from_strings
 
 from mmrobust.apis import (
     add_launch_args,
@@ -43,16 +45,9 @@ from mmrobust.apis import (
     parse_launch_args,
 )
 from mmrobust.corruptions import Protocol, resolve_protocol
-from mmrobust.datasets.shift_sets import (
-    SHIFT_BUNDLES,
-    SHIFT_FAMILIES,
-    SHIFT_SETS,
-    parse_shifts,
-)
 from mmrobust.engine.hooks.strict_load import strict_load_outcome
 from mmrobust.evaluation import RobustnessOptions, evaluate_robustness, results_lock
-from mmrobust.evaluation.attack_families import attack_families
-from mmrobust.evaluation.attacks import attack_names, attack_plan
+from mmrobust.evaluation.cell_kinds import CELL_KINDS
 from mmrobust.evaluation.coco_metric import COCO_BACKENDS, DEFAULT_ROBUSTNESS_BACKEND
 from mmrobust.evaluation.loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH
 from mmrobust.evaluation.report import write_report
@@ -62,16 +57,17 @@ from mmrobust.evaluation.shards import parse_shard
 from mmrobust.utils import explain_registry_errors
 
 
-def parse_args() -> argparse.Namespace:
-    """The command line."""
-    families = attack_families()  # the registered rows, a user's own among them
-    seg_only = ' / '.join(f.name for f in families if f.segmentation_only)
-    starts = ', '.join(f'{"on" if f.random_start else "off"} for {f.name}' for f in families)
+def build_parser(first_pass: bool = False) -> argparse.ArgumentParser:
+    """The command line: the run's options, then each registered cell kind's.
+
+    ``first_pass``: the parser that finds the config before its ``custom_imports`` (a user's
+    families and kinds) are imported: no help, positionals optional, unknown options left.
+    """
     parser = argparse.ArgumentParser(
         description=__doc__.split('\n')[0], epilog=__doc__.split('\n\n', 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('config')
-    parser.add_argument('checkpoint')
+        formatter_class=argparse.RawDescriptionHelpFormatter, add_help=not first_pass)
+    parser.add_argument('config', nargs='?' if first_pass else None)
+    parser.add_argument('checkpoint', nargs='?' if first_pass else None)
     parser.add_argument('--protocol', default=None,
                         help='benchmark (default), cityscapes_c, fan_coco_c or all')
     parser.add_argument('--corruptions', nargs='+', default=None,
@@ -125,80 +121,65 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--per-cell-loaders', action='store_true',
                         help='build the test dataset and its dataloader anew for every cell (the '
                              'loop before the one-pass loader; the same inputs, slower)')
-    parser.add_argument('--shifts', nargs='+', default=None, metavar='SHIFT',
-                        help='real-world shift cells (the config\'s pipeline and metric on '
-                             'another set, not in mPC): sets '
-                             f'({", ".join(SHIFT_SETS)}), SET:LEVEL, foggy_<beta>, or bundles '
-                             f'({", ".join(SHIFT_BUNDLES)}); without --protocol / --corruptions '
-                             'only these and the clean set run')
-    parser.add_argument('--shift-root', nargs='+', default=[], metavar='FAMILY=PATH',
-                        help='where a shift family lives (default data/<family>): '
-                             f'{", ".join(SHIFT_FAMILIES)}')
-    parser.add_argument('--attacks', nargs='+', default=None, metavar='ATTACK',
-                        help='white-box attack cells, each at every --epsilons: '
-                             f'{", ".join(attack_names())} ({seg_only}: '
-                             'segmentors); '
-                             'without --protocol / --corruptions only these cells run')
-    parser.add_argument('--epsilons', nargs='+', default=None, metavar='EPS',
-                        help='attack budgets in [0, 1] RGB pixel units, e.g. 1/255 8/255 '
-                             '(L-inf: per pixel value; L2: the norm over the image)')
-    parser.add_argument('--attack-steps', type=int, default=10, help='PGD iterations (10)')
-    parser.add_argument('--attack-step-size', type=float, default=None,
-                        help='default: 2.5 * epsilon / steps (FGSM: epsilon)')
-    parser.add_argument('--attack-random-start', nargs='?', const='on', default=None,
-                        choices=('on', 'off'),
-                        help='start from a uniform point of the epsilon-ball (default: each '
-                             f"attack's paper: {starts})")
-    parser.add_argument('--attack-restarts', type=int, default=1,
-                        help='random restarts (needs the random start); the strongest kept, '
-                             'per image')
     parser.add_argument('--work-dir', help='logs and the default results file go here')
     add_launch_args(parser)
-    return parse_launch_args(parser)
+    for kind in CELL_KINDS.values():  # NOTE: a kind's own options (a user's, once imported)
+        kind.add_arguments(parser)
+    return parser
 
 
-def _shift_roots(items) -> dict:
-    """``{family: root}`` of ``--shift-root FAMILY=PATH`` items."""
-    roots = {}
-    for item in items:
-        family, _, path = item.partition('=')
-        if family not in SHIFT_FAMILIES or not path:
-            raise UsageError(f'--shift-root takes FAMILY=PATH with FAMILY one of '
-                             f'{", ".join(SHIFT_FAMILIES)}; got {item!r}')
-        roots[family] = path
-    return roots
+def load_config(argv: Optional[List[str]] = None) -> Optional[Config]:
+    """The config named on the command line, its ``custom_imports`` imported (None: none named).
+
+    As mmdet's tools do, before anything is planned: a user's attack families, cell kinds, shift
+    sets and metrics are registered by the modules it names (``--cfg-options`` included).
+    """
+    known, _ = build_parser(first_pass=True).parse_known_args(argv)
+    if not known.config:
+        return None
+    if not osp.isfile(known.config):
+        raise InputNotFoundError(f'config {known.config} does not exist')
+    cfg = Config.fromfile(known.config)  # NOTE: imports its custom_imports
+    if known.cfg_options:
+        cfg.merge_from_dict(known.cfg_options)
+    if cfg.get('custom_imports'):  # NOTE: again, for what --cfg-options added
+        import_modules_from_strings(**cfg['custom_imports'])
+    return cfg
 
 
-def main() -> None:
-    """Evaluate the robustness cells and write the results file."""
-    args = parse_args()
-    shard = parse_shard(args.shard) if args.shard else None
-    attacks = attack_plan(args.attacks or (), args.epsilons, args.attack_steps,
-                          args.attack_step_size,
-                          None if args.attack_random_start is None
-                          else args.attack_random_start == 'on', args.attack_restarts,
-                          0 if args.seed is None else args.seed)
-    if args.epsilons and not attacks:
-        raise UsageError('--epsilons needs --attacks (e.g. --attacks pgd_linf)')
-    shifts = parse_shifts(args.shifts) if args.shifts else None
-    if (attacks or shifts) and args.protocol is None and args.corruptions is None:
-        protocol = Protocol('attacks' if attacks else 'shifts',
-                            'adversarial cells only' if attacks and not shifts else
-                            'the cells asked for only', {})
-    else:
-        protocol = resolve_protocol(args.protocol, args.corruptions, args.severities)
+def run_options(args: argparse.Namespace, cfg: Config) -> Tuple[Protocol, RobustnessOptions]:
+    """The protocol and the options of the run, each kind's from its own arguments."""
     options = RobustnessOptions(
         seed=args.seed, bgr_compat=args.bgr_compat, corrupted_root=args.corrupted_root,
         checkpoint=args.checkpoint, save_predictions=args.save_predictions,
         coco_backend=args.coco_backend, metric_queue=args.metric_queue,
-        one_pass=not args.per_cell_loaders, shard=shard,
-        post_process_queue=args.post_process_queue, prefetch=args.prefetch, attacks=attacks,
-        per_image=not args.no_per_image_stats, shifts=shifts,
-        shift_roots=_shift_roots(args.shift_root))
+        one_pass=not args.per_cell_loaders,
+        shard=parse_shard(args.shard) if args.shard else None,
+        post_process_queue=args.post_process_queue, prefetch=args.prefetch,
+        per_image=not args.no_per_image_stats,
+        kind_options=dict(cfg.get('robustness_kind_options') or {}) or None)
+    asked = [kind for kind in CELL_KINDS.values() if kind.apply_args(args, options)]
+    if asked and args.protocol is None and args.corruptions is None:
+        # NOTE: a kind asked for alone replaces the default corruption protocol
+        first = asked[0]
+        protocol = Protocol(first.alone or first.name,
+                            f'{first.category or first.name} cells only' if len(asked) == 1
+                            else 'the cells asked for only', {})
+    else:
+        protocol = resolve_protocol(args.protocol, args.corruptions, args.severities)
+    return protocol, options
+
+
+def main() -> None:
+    """Evaluate the robustness cells and write the results file."""
+    cfg = load_config()
+    args = parse_launch_args(build_parser())
+    protocol, options = run_options(args, cfg)
+    shard = options.shard
     # NOTE: once, before any build: a bad queue depth, a half-written or mismatching stored
-    # set, a missing or mis-laid shift set; evaluate_robustness reuses the result
+    # set, a missing or mis-laid shift set, a user's kind's own checks; evaluate_robustness
+    # reuses the result
     options.validated(protocol)
-    cfg = Config.fromfile(args.config)
     cfg = apply_common_args(cfg, args.config, args.launcher, args.work_dir, args.cfg_options)
     cfg = apply_test_args(cfg, args.checkpoint)
     stem = f'robustness_{protocol.name.replace(":", "_")}'
@@ -223,6 +204,7 @@ def main() -> None:
                 every = results_path.replace(f'shard{shard[0]}of', 'shard*of')
                 print(f'shard {shard[0]}/{shard[1]}: once every shard is done, python '
                       f'tools/robustness_report.py merge {every} --out MERGED.json')
+
 
 if __name__ == '__main__':
     run_tool(main)

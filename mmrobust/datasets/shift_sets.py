@@ -34,11 +34,12 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..utils.errors import InputNotFoundError, UsageError
+from ..utils.tables import RowTable
 
 __all__ = ['SHIFT_FAMILIES', 'SHIFT_SETS', 'SHIFT_BUNDLES', 'SHIFT_MEANS', 'ShiftFamily',
            'ShiftSet', 'ShiftDatasetError', 'UnknownShiftError', 'check_shift_root',
-           'check_shift_task', 'is_shift_cell', 'parse_shifts', 'shift_ann_file', 'shift_dataset',
-           'shift_identity', 'shift_label']
+           'check_shift_task', 'is_shift_cell', 'parse_shifts', 'register_shift_family',
+           'register_shift_set', 'shift_ann_file', 'shift_dataset', 'shift_identity', 'shift_label']
 
 
 class UnknownShiftError(UsageError):
@@ -47,6 +48,9 @@ class UnknownShiftError(UsageError):
 
 class ShiftDatasetError(InputNotFoundError):
     """A shift set's root is missing or not laid out as the set publishes it."""
+
+
+TASKS = ('segmentation', 'detection')
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,11 @@ class ShiftFamily:
     licence: str
     default_root: str
 
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f'shift family {self.name!r}: task is one of {TASKS}, not '
+                             f'{self.task!r}')
+
 
 @dataclass(frozen=True)
 class ShiftSet:
@@ -69,9 +78,36 @@ class ShiftSet:
     # level -> arguments of the config's test dataset (relative to the family's root)
     dataset: Dict[int, Dict[str, Any]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if not self.levels or set(self.dataset) != set(self.levels):
+            raise ValueError(f'shift set {self.name!r}: each of its levels needs its dataset '
+                             f'arguments (levels {sorted(self.levels)}, dataset '
+                             f'{sorted(self.dataset)})')
+        if ':' in self.name:
+            raise ValueError(f'shift set {self.name!r}: no ":" in a name (NAME:LEVEL)')
+
+
+#: the families by name, in registration order
+SHIFT_FAMILIES: Dict[str, ShiftFamily] = RowTable('shift family')
+#: the sets by name, in registration order (the tool's and the report's)
+SHIFT_SETS: Dict[str, ShiftSet] = RowTable('shift set')
+
+
+def register_shift_family(family: ShiftFamily, force: bool = False) -> ShiftFamily:
+    """Add ``family`` to :data:`SHIFT_FAMILIES` (``force``: replace one of its name)."""
+    return SHIFT_FAMILIES.add(family, force)
+
+
+def register_shift_set(shift: ShiftSet, force: bool = False) -> ShiftSet:
+    """Add ``shift`` to :data:`SHIFT_SETS`; its family must be registered first."""
+    if shift.family not in SHIFT_FAMILIES:
+        raise ValueError(f'shift set {shift.name!r}: family {shift.family!r} is not registered '
+                         f'({", ".join(SHIFT_FAMILIES)}); register_shift_family first')
+    return SHIFT_SETS.add(shift, force)
+
 
 _CITY_GT = '_gt_labelTrainIds.png'
-SHIFT_FAMILIES: Dict[str, ShiftFamily] = {f.name: f for f in (
+for _family in (
     ShiftFamily('acdc', 'segmentation',
                 'rgb_anon/{fog,night,rain,snow}/val/<sequence>/<name>_rgb_anon.png and '
                 'gt/{fog,night,rain,snow}/val/<sequence>/<name>_gt_labelTrainIds.png',
@@ -96,7 +132,8 @@ SHIFT_FAMILIES: Dict[str, ShiftFamily] = {f.name: f for f in (
                 'https://github.com/alibaba/easyrobust/tree/main/benchmarks/coco_o (the '
                 'ood_coco folder)', 'COCO-O: research use; its images keep their own licences',
                 'data/coco_o'),
-)}
+):
+    register_shift_family(_family)
 
 ACDC_CONDITIONS = ('fog', 'night', 'rain', 'snow')
 FOGGY_BETAS = {1: '0.005', 2: '0.01', 3: '0.02'}
@@ -108,7 +145,7 @@ def _seg(img_path: str, seg_map_path: str, img_suffix: str, seg_map_suffix: str)
                 img_suffix=img_suffix, seg_map_suffix=seg_map_suffix)
 
 
-SHIFT_SETS: Dict[str, ShiftSet] = {s.name: s for s in (
+for _set in (
     *(ShiftSet(f'acdc_{c}', 'acdc', {1: f'ACDC {c}, val'}, {1: _seg(
         f'rgb_anon/{c}/val', f'gt/{c}/val', '_rgb_anon.png', _CITY_GT)})
       for c in ACDC_CONDITIONS),
@@ -122,7 +159,8 @@ SHIFT_SETS: Dict[str, ShiftSet] = {s.name: s for s in (
     *(ShiftSet(f'coco_o_{d}', 'coco_o', {1: f'COCO-O {d}'}, {1: dict(
         data_root=d, ann_file='annotations/instances_val2017.json',
         data_prefix=dict(img='val2017/'))}) for d in COCO_O_DOMAINS),
-)}
+):
+    register_shift_set(_set)
 #: Named bundles (``--shifts cityscapes_real_world``): what papers report together.
 SHIFT_BUNDLES: Dict[str, Tuple[Tuple[str, int], ...]] = {
     'cityscapes_real_world': (*((f'acdc_{c}', 1) for c in ACDC_CONDITIONS),

@@ -1,6 +1,6 @@
 """Robustness evaluation (corruption cells, results files), its metrics and its reports."""
 from ..utils.io import ResultsMismatchError
-from .cell_kinds import shift as _kinds  # noqa: F401  (registers the built-in kinds, in run order)
+from .cell_kinds import builtin as _builtin  # noqa: F401  (the built-in kinds, in run order)
 from .cells import CLEAN, cell_dataloader
 from .coco_metric import COCO_BACKENDS, RobustCocoMetric, coco_backend
 from .dump import DumpRobustPredictions

@@ -9,20 +9,12 @@ import os
 import os.path as osp
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..corruptions import CORRUPTIONS, PROTOCOL_CATEGORIES
-from ..datasets.shift_sets import is_shift_cell
+from ..corruptions import PROTOCOL_CATEGORIES
 from ..utils.io import atomic_write, save_figure
-from .report_stats import (
-    Extras,
-    Interval,
-    adversarial_curves,
-    attack_setting,
-    build_extras,
-    main_metrics,
-    summarize,
-)
+from .attack_report import adversarial_curves, attack_setting
+from .cell_kinds import CELL_KINDS, UnknownCellError, kind_of
+from .report_stats import Extras, Interval, build_extras, main_metrics, summarize
 from .results import load_results
-from .shift_report import plot_shifts, shift_markdown, write_shift_csv
 from .significance import MC_Z, SEED_BOUND
 
 __all__ = ['Extras', 'build_extras', 'load_results', 'summarize', 'summary_markdown',
@@ -159,24 +151,6 @@ def _effective_markdown(extras: Extras) -> List[str]:
     return lines
 
 
-def _adversarial_markdown(results_by_label: Mapping[str, Mapping], metrics: Sequence[str]
-                          ) -> List[str]:
-    lines: List[str] = []
-    curves = {label: adversarial_curves(r) for label, r in results_by_label.items()}
-    for name in metrics:
-        rows = [(label, attack, eps, value) for label, by_metric in curves.items()
-                for attack, points in by_metric.get(name, {}).items() for eps, value in points]
-        if not rows:
-            continue
-        lines += ['', f'{name} under attack (epsilon in [0, 1] RGB pixel units; 0: clean):', '',
-                  '| model | attack | epsilon | epsilon x 255 | value | setting |',
-                  '|---|---|---|---|---|---|']
-        lines += [f'| {label} | {attack} | {eps:.5g} | {eps * 255:.3g} | {_fmt(value)} | '
-                  f'{attack_setting(results_by_label[label], attack)} |'
-                  for label, attack, eps, value in rows]
-    return lines
-
-
 def _fmt(value: float, scale: float = 1.0, unit: str = '') -> str:
     """A number for tables and legends; '—' for an undefined one (rPC when P_clean is 0)."""
     if value != value:
@@ -236,8 +210,8 @@ def summary_markdown(results_by_label: Mapping[str, Mapping],
              if r.get('aggregate')]
     if notes:
         lines += [''] + notes
-    lines += _adversarial_markdown(results_by_label, metrics)
-    lines += shift_markdown(results_by_label, metrics, extras)
+    for kind in CELL_KINDS.values():  # NOTE: each kind's own section, in run order
+        lines += kind.report_markdown(results_by_label, metrics, extras)
     lines += _extras_markdown(extras)
     return '\n'.join(lines)
 
@@ -261,9 +235,7 @@ def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str,
                          'ci_low', 'ci_high'])
         for label, results in results_by_label.items():
             for corruption, by_severity in results['cells'].items():
-                category = CORRUPTIONS[corruption].category if corruption in CORRUPTIONS else (
-                    'adversarial' if corruption in (results.get('attacks') or {}) else
-                    'real-world shift' if is_shift_cell(corruption) else '')
+                category = _category(corruption)
                 for severity, scores in sorted(by_severity.items(), key=lambda kv: int(kv[0])):
                     for metric, value in scores.items():
                         iv = extras.cell_intervals.get(label, {}).get(metric, {}).get(
@@ -313,20 +285,18 @@ def write_csv(results_by_label: Mapping[str, Mapping], out_dir: str,
                              ce['mCE'], ce['relative_mCE']])
         _rows_csv(osp.join(out_dir, 'corruption_error.csv'),
                   ['model', 'reference', 'metric', 'corruption', 'CE', 'relative_CE'], rows)
-    curves = {label: adversarial_curves(r) for label, r in results_by_label.items()}
-    if any(curves.values()):
-        with atomic_write(osp.join(out_dir, 'attacks.csv'), 'w', newline='') as f:
-            writer = csv.writer(f)
-            writer.writerow(['model', 'attack', 'epsilon', 'metric', 'value', 'setting'])
-            for label, by_metric in curves.items():
-                for metric, by_attack in by_metric.items():
-                    for attack, points in by_attack.items():
-                        setting = attack_setting(results_by_label[label], attack)
-                        for eps, value in points:
-                            writer.writerow([label, attack, eps, metric, value, setting])
     names = main_metrics(summaries)
-    write_shift_csv(results_by_label, out_dir, names, extras)
+    for kind in CELL_KINDS.values():  # NOTE: each kind's own files (attacks.csv, shifts.csv)
+        kind.report_files(results_by_label, out_dir, names, extras)
     return cells_path, summary_path
+
+
+def _category(name: str) -> str:
+    """A cell's category, its kind's word for it (a corruption's: noise, blur, ...)."""
+    try:
+        return kind_of(name).category_of(name)
+    except UnknownCellError:
+        return ''  # NOTE: an mmdet results file's own names (the summary says what it read)
 
 
 def _rows_csv(path: str, header: Sequence[str], rows: Sequence[Sequence]) -> None:
@@ -387,7 +357,8 @@ def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
                                f'{name} per severity',
                                osp.join(out_dir, f'per_severity_{safe}.png')))
 
-        written += plot_shifts(results_by_label, out_dir, [name], extras)
+        written += [p for kind in CELL_KINDS.values()  # NOTE: each kind's own plots
+                    for p in kind.report_plots(results_by_label, out_dir, [name], extras)]
         if extras is not None and name in extras.effective:
             written.append(_effective_plot(extras.effective[name], name, extras,
                                            osp.join(out_dir, f'effective_robustness_{safe}.png')))
@@ -395,19 +366,6 @@ def plot(results_by_label: Mapping[str, Mapping], out_dir: str,
             written.append(_interval_plot(summaries, extras, name,
                                           osp.join(out_dir, f'intervals_{safe}.png')))
 
-        curves = {label: adversarial_curves(r).get(name, {})
-                  for label, r in results_by_label.items()}
-        if any(curves.values()):
-            fig, ax = plt.subplots(figsize=(5.5, 4))
-            for i, (label, by_attack) in enumerate(curves.items()):
-                for j, (attack, points) in enumerate(by_attack.items()):
-                    ax.plot([e * 255 for e, _ in points], [v for _, v in points], marker='o',
-                            color=f'C{i}', linestyle=('-', '--', ':', '-.')[j % 4],
-                            label=f'{label} {attack} '
-                                  f'({attack_setting(results_by_label[label], attack)})')
-            ax.set_xlabel('epsilon x 255 (0 = clean)')
-            written.append(_finish(fig, ax, name, f'{name} under attack',
-                                   osp.join(out_dir, f'adversarial_{safe}.png')))
     return written
 
 

@@ -14,10 +14,9 @@ from ..corruptions import BENCHMARK_CORRUPTIONS, Protocol
 from ..datasets.shift_sets import SHIFT_MEANS
 from .metrics import robustness_summary
 from .results import corruption_cells
-from .worst_case import WORST
 
-__all__ = ['Extras', 'Interval', 'MAIN_METRICS', 'adversarial_curves', 'attack_setting',
-           'build_extras', 'entries_by', 'main_metrics', 'summarize']
+__all__ = ['Extras', 'Interval', 'MAIN_METRICS', 'build_extras', 'entries_by', 'main_metrics',
+           'summarize']
 
 # metrics shown by default, in this order, when present
 MAIN_METRICS = ('bbox_mAP', 'segm_mAP', 'mIoU', 'AP', 'mAP')
@@ -280,50 +279,6 @@ def _bootstrap_intervals(extras: Extras, entries: Sequence[Tuple[str, str, Mappi
 def entries_by(entries: Sequence[Tuple[str, str, Mapping]], label: str) -> Mapping:
     """The results of the entry labelled ``label``."""
     return next(results for lb, _, results in entries if lb == label)
-
-
-
-def adversarial_curves(results: Mapping) -> Dict[str, Dict[str, List[Tuple[float, float]]]]:
-    """``{metric: {attack: [(epsilon, value), ...]}}`` of a results file's attack cells.
-
-    Ordered from epsilon 0 (the clean score) up; empty without attacks.
-    """
-    curves: Dict[str, Dict[str, List[Tuple[float, float]]]] = {}
-    clean = results['cells'].get('clean', {})
-    clean = clean.get(0, clean.get('0', {}))
-    attacks = dict(results.get('attacks') or {})
-    if attacks and WORST in results['cells']:  # NOTE: the worst case has the attacks' budgets
-        attacks[WORST] = next(iter(attacks.values()))
-    for attack, entry in attacks.items():
-        by_index = results['cells'].get(attack, {})
-        for k, eps in enumerate(entry['epsilons'], start=1):
-            scores = by_index.get(k, by_index.get(str(k)))
-            for metric, value in (scores or {}).items():
-                points = curves.setdefault(metric, {}).setdefault(attack, [])
-                if not points and metric in clean and eps > 0:
-                    points.append((0.0, float(clean[metric])))
-                points.append((float(eps), float(value)))
-    return curves
-
-
-def attack_setting(results: Mapping, attack: str) -> str:
-    """How hard ``attack`` tried, to print next to its figures.
-
-    ``10 steps, random start`` (and the restarts when more than one); an attack's strength is only
-    comparable with it.
-    """
-    if attack == WORST:
-        return f'per image, worst of {", ".join(results.get("attacks") or {})}'
-    settings = (results.get('attacks') or {}).get(attack, {}).get('settings', {})
-    steps = settings.get('steps')
-    if steps is None:
-        return ''
-    parts = [f'{steps} step{"s" if steps != 1 else ""}']
-    if settings.get('random_start'):
-        parts.append('random start')
-    if settings.get('restarts', 1) > 1:
-        parts.append(f'{settings["restarts"]} restarts')
-    return ', '.join(parts)
 
 
 

@@ -7,6 +7,7 @@ loop writes it through :class:`RobustnessResults` (atomically, after every cell)
 it through :func:`load_results`, which also reads mmdet 3.3's ``*_results.pkl``.
 """
 import hashlib
+import importlib
 import io
 import json
 import os.path as osp
@@ -15,17 +16,19 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+from mmengine.logging import print_log
 from typing_extensions import override
 
 from ..corruptions import CORRUPTIONS
 from ..utils.errors import InputNotFoundError, MMRobustError
 from ..utils.io import ResultsStore
-from .cell_kinds import CELL_KINDS, CLEAN, RunSpec, counts_in_mpc
+from .cell_kinds import CELL_KINDS, CLEAN, RunSpec, UnknownCellError, counts_in_mpc, kind_of
 
 __all__ = ['RESULTS_FORMAT', 'IDENTITY_KEYS', 'LEGACY_IDENTITY_KEYS', 'INFO_KEYS', 'SHIFTS_KEY',
            'RobustnessResults', 'NotAResultsFileError', 'file_sha256', 'evaluation_sha256',
            'identity_keys', 'identity_sha256', 'load_results', 'ResultsLayout',
-           'corruption_cells', 'planned_cells', 'report_dir', 'run_identity']
+           'corruption_cells', 'planned_cells', 'report_dir', 'run_identity',
+           'CUSTOM_IMPORTS_KEY', 'custom_import_names', 'import_recorded_modules']
 
 RESULTS_FORMAT = 'mmrobust-robustness/1'
 #: What must match for a results file to be resumed, or for shards to be merged: every recorded
@@ -43,6 +46,49 @@ LEGACY_IDENTITY_KEYS = ('protocol', 'cells_planned', 'seed', 'bgr_compat', 'sour
 #: what the checkpoint load found): not compared.
 INFO_KEYS = ('config', 'checkpoint', 'corrupted_root', 'scope', 'mmrobust', 'checkpoint_load',
              'partial_load', 'identity_keys')
+
+
+#: the config's ``custom_imports`` (what registered its cells), recorded outside the identity
+CUSTOM_IMPORTS_KEY = 'custom_imports'
+
+
+def custom_import_names(cfg: Mapping) -> List[str]:
+    """The modules a config's ``custom_imports`` names."""
+    imports = (cfg.get('custom_imports') or {}).get('imports') or []
+    return [imports] if isinstance(imports, str) else list(imports)
+
+
+def import_recorded_modules(data: Mapping, path: str) -> None:
+    """Import the modules a results file records, so that its cells have their kinds.
+
+    A user's attack family, cell kind or shift set is registered by the module the run's config
+    named in ``custom_imports``: the readers (report, merge) import it too.
+
+    Raises:
+        UnknownCellError: a module cannot be imported and some cell has no kind without it.
+    """
+    failed = {}
+    for module in data.get(CUSTOM_IMPORTS_KEY) or ():
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            failed[module] = f'{type(err).__name__}: {err}'
+    if not failed:
+        return
+    why = '; '.join(f'{m} ({e})' for m, e in failed.items())
+    unknown = []
+    for name in data.get('cells', {}):
+        try:
+            kind_of(name)
+        except UnknownCellError:
+            unknown.append(name)
+    if unknown:
+        raise UnknownCellError(
+            f'{path}: cell(s) {", ".join(unknown)} are no registered kind\'s, and the modules '
+            f'the run that wrote it imported (its config\'s custom_imports) cannot be imported '
+            f'here: {why}. Put them on the Python path (PYTHONPATH=<your project>) and rerun.')
+    print_log(f'{path}: its config imported modules that cannot be imported here ({why}); every '
+              'cell has its kind without them', logger='current', level=30)
 
 
 def file_sha256(path: str) -> str:
@@ -443,6 +489,7 @@ def load_results(path: str, aggregate: str = 'benchmark') -> Dict:
             f'{path} is a results file of format {fmt!r}; this mmrobust reads '
             f'{RESULTS_FORMAT!r}. Use the mmrobust version that wrote it, or rerun the '
             'evaluation.')
+    import_recorded_modules(data, path)
     data['cells'] = {corruption: {int(s): scores for s, scores in by_severity.items()}
                      for corruption, by_severity in data['cells'].items()}
     return data

@@ -34,7 +34,8 @@ from ..utils.errors import UsageError
 from ..utils.processes import children_die_with_parent
 from ..utils.progress import Progress
 from .cell_evaluators import CellEvaluators
-from .cell_kinds import CELL_KINDS, WORST, Cell, CellKind, CellRun, RunSpec, kind_of
+from .cell_kinds import CELL_KINDS, Cell, CellKind, CellRun, RunSpec, kind_of
+from .cell_kinds.builtin import BUILTIN_KINDS
 from .evaluator_cfg import side_file_metrics, without_backend, without_unread_gt_masks
 from .loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH
 from .metric_queue import MetricQueue, RankedQueue
@@ -42,14 +43,15 @@ from .metric_worker import worker_imports
 from .per_image import StatsTarget, stats_path
 from .rank0 import RANK0_POLL_S, Plan, broadcast_plan, plan_on_rank0
 from .results import (
+    CUSTOM_IMPORTS_KEY,
     ResultsLayout,
     RobustnessResults,
+    custom_import_names,
     evaluation_sha256,
     planned_cells,
     run_identity,
 )
 from .shards import parse_shard
-from .worst_case import add_worst_case
 
 #: Cells whose metrics may be in flight beside the next cell's inference (``--metric-queue``).
 DEFAULT_METRIC_QUEUE = 2
@@ -147,7 +149,8 @@ class RobustnessOptions:
             UsageError: a queue depth below 0. ``ShardError``, ``StoredSetError``,
                 ``ShiftDatasetError``: from the checks.
         """
-        key = (protocol, repr([getattr(self, k) for k in _VALIDATED]))
+        # NOTE: the kinds too: one registered since (a config's custom_imports) checks its own
+        key = (protocol, repr([getattr(self, k) for k in _VALIDATED]), tuple(CELL_KINDS))
         if self._validated is not None and self._validated[0] == key:
             return self._validated[1]
         if self.metric_queue < 0:
@@ -197,13 +200,27 @@ def _open_results(cfg: Config, layout: ResultsLayout, opts: RobustnessOptions, s
                 spec, config=cfg.filename, config_sha256=config_sha256(cfg),
                 checkpoint=opts.checkpoint, scope=cfg.get('default_scope'), shard=opts.shard,
                 checkpoint_load=opts.checkpoint_load)
+            _say_idle_kinds(identity)
             results = RobustnessResults(layout.results_path, identity)
             if backends:  # the latest run's; each cell records its own in its timing
                 results.data['coco_backend'] = ', '.join(backends)
+            imports = custom_import_names(cfg)
+            if imports:  # NOTE: what registered the cells (a user's family or kind), for readers
+                results.data[CUSTOM_IMPORTS_KEY] = imports
             plan = plan_on_rank0(results, layout.predictions, opts.shard, use_saved)
         except Exception as err:
             plan = Plan(infer=[], error=err)
     return results, broadcast_plan(plan)
+
+
+def _say_idle_kinds(identity: Dict) -> None:
+    """Log a kind registered besides the built-in ones that plans no cell (its options unset)."""
+    for kind in CELL_KINDS.values():
+        if kind not in BUILTIN_KINDS and not kind.planned(identity):
+            print_log(f'cell kind {kind.name!r} is registered but plans no cell: give it its '
+                      f'options (its command-line options, or the config\'s '
+                      f'robustness_kind_options.{kind.name}; RobustnessOptions.kind_options)',
+                      logger='current', level=30)
 
 
 def _stats_targets(cfg: Config, results: Optional[RobustnessResults], layout: ResultsLayout,
@@ -327,9 +344,12 @@ def _finish_results(results: RobustnessResults, plan: Plan, loading: Dict[str, s
                     wall: float) -> None:
     """Rank 0, every cell recorded.
 
-    The worst case over attacks, how the cells were loaded, where the time went; the file saved.
+    What each kind computes from the recorded cells (the worst case over attacks), how the cells
+    were loaded, where the time went; the file saved.
     """
-    _add_worst_case(results)
+    for kind in CELL_KINDS.values():
+        for what, why in kind.finish(results.path, results.data).items():
+            print_log(f'no {what}: {why}', logger='current', level=30)
     results.data.update(loading)
     if all(results.done(c, s) for c, s in planned_cells(results.identity)):
         results.data.pop('partial', None)  # NOTE: a partial merge, completed by this run
@@ -344,25 +364,6 @@ def _finish_results(results: RobustnessResults, plan: Plan, loading: Dict[str, s
     print_log('where the time went: ' + ', '.join(
         f'{k[:-2]} {v} s ({summary["shares"][k]:.0%})' for k, v in summary.items()
         if k in summary['shares']) + f'; wall {summary["wall_s"]} s', logger='current')
-
-
-def _add_worst_case(results: RobustnessResults) -> None:
-    """Rank 0, every cell recorded.
-
-    The per-image worst case over the attacks (:mod:`.worst_case`), logged with the budgets that
-    cannot have one and why.
-    """
-    attacks = list(results.data.get('attacks') or {})
-    if len(attacks) < 2:
-        return
-    before = set(results.data['cells'].get(WORST, {}))
-    skipped = add_worst_case(results.path, results.data)
-    added = sorted(set(results.data['cells'].get(WORST, {})) - before, key=int)
-    if added:
-        print_log(f'worst case over {", ".join(attacks)} per image: cell(s) {WORST} '
-                  f'{", ".join(added)} recorded', logger='current')
-    for k, why in skipped.items():
-        print_log(f'no worst-case cell at budget {k}: {why}', logger='current', level=30)
 
 
 def _time_summary(results: RobustnessResults, plan: Plan, wall: float) -> Dict[str, Any]:

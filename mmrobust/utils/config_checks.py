@@ -184,7 +184,9 @@ def check_custom_imports(cfg: Config) -> None:
     """
     from mmrobust.registry import registered_modules
     ours = {name for _, name, _ in registered_modules()}
-    used = sorted({t.split('.')[-1] for t in _config_types(cfg.to_dict())} & ours)
+    # NOTE: a name scoped ``mmrobust.`` makes mmengine import mmrobust itself
+    used = sorted({t.split('.')[-1] for t in _config_types(cfg.to_dict())
+                   if not t.startswith('mmrobust.')} & ours)
     imports = (cfg.get('custom_imports') or {}).get('imports', [])
     imports = [imports] if isinstance(imports, str) else list(imports)
     if used and not any(i == 'mmrobust' or i.startswith('mmrobust.') for i in imports):

@@ -6,8 +6,15 @@ Paths and configs, the tool runners, the launcher of spawned ranks. The fixtures
 """
 from .paths import ALL_CONFIGS, CONFIGS, DEMO_DET_CFG, REPO, TOKENIZER_CONFIGS, config_id
 from .ranks import free_port, run_ranks
-from .tools import assert_user_error, robustness_runner, run_cmd, run_tool, run_tool_in_process
+from .tools import (
+    assert_user_error,
+    init_checkpoint,
+    robustness_runner,
+    run_cmd,
+    run_tool,
+    run_tool_in_process,
+)
 
 __all__ = ['ALL_CONFIGS', 'CONFIGS', 'DEMO_DET_CFG', 'REPO', 'TOKENIZER_CONFIGS',
-           'assert_user_error', 'config_id', 'free_port', 'run_cmd', 'run_ranks', 'run_tool',
-           'run_tool_in_process', 'robustness_runner']
+           'assert_user_error', 'config_id', 'free_port', 'init_checkpoint', 'run_cmd',
+           'run_ranks', 'run_tool', 'run_tool_in_process', 'robustness_runner']

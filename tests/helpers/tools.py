@@ -9,6 +9,7 @@ import os
 import runpy
 import subprocess
 import sys
+from pathlib import Path
 from typing import Dict, Optional, Tuple
 from unittest import mock
 
@@ -109,3 +110,20 @@ def robustness_runner(config: str, work_dir: str, checkpoint: Optional[str] = No
     if checkpoint is not None:
         runner.load_or_resume()
     return runner, cfg
+
+
+def init_checkpoint(config: str, path) -> Path:
+    """A checkpoint of a repository config's freshly initialised model (seeded; no training)."""
+    import torch
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+
+    import mmrobust  # noqa: F401
+    cfg = Config.fromfile(str(REPO / config))
+    init_default_scope(cfg.default_scope)
+    registry = __import__(f'{cfg.default_scope}.registry', fromlist=['MODELS'])
+    torch.manual_seed(0)
+    model = registry.MODELS.build(cfg.model)
+    model.init_weights()
+    torch.save({'state_dict': model.state_dict(), 'meta': {}}, path)
+    return Path(path)

@@ -188,3 +188,29 @@ def test_the_run_spec_is_checked_once_and_again_after_a_change(monkeypatch):
         options.validated(protocol)
     with pytest.raises(UsageError, match='occlusion, which no registered cell kind is'):
         RobustnessOptions(kind_options={'occlusion': [8]}).validated(protocol)
+
+
+def test_the_built_in_kinds_are_one_list_in_run_order():
+    from mmrobust.evaluation.cell_kinds.builtin import BUILTIN_KINDS
+    assert list(CELL_KINDS.values())[:len(BUILTIN_KINDS)] == list(BUILTIN_KINDS)
+    # a kind asked for alone names the protocol of its run
+    assert [(k.name, k.alone) for k in BUILTIN_KINDS] == [
+        ('clean', None), ('corruption', None), ('attack', 'attacks'), ('shift', 'shifts')]
+
+
+def test_the_report_takes_each_cells_category_from_its_kind():
+    from mmrobust.evaluation.report import _category
+    names = ('clean', 'fog', 'gaussian_noise', 'pgd_linf', 'worst', 'acdc_fog', 'not_a_cell')
+    # the worst case over attacks had no category before its kind gave it one
+    assert {n: _category(n) for n in names} == {
+        'clean': '', 'fog': 'weather', 'gaussian_noise': 'noise', 'pgd_linf': 'adversarial',
+        'worst': 'adversarial', 'acdc_fog': 'real-world shift', 'not_a_cell': ''}
+
+
+def test_a_registered_kind_that_plans_no_cell_says_so(occlusion, monkeypatch):
+    from mmrobust.evaluation import robustness
+    said = []
+    monkeypatch.setattr(robustness, 'print_log', lambda message, **kwargs: said.append(message))
+    robustness._say_idle_kinds({'cells_planned': {'fog': [1]}, 'attacks': None})
+    assert len(said) == 1 and "'occlusion' is registered but plans no cell" in said[0]
+    assert 'robustness_kind_options.occlusion' in said[0]

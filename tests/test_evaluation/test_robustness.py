@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from mmengine.config import Config
 
 from mmrobust.corruptions import (
@@ -32,6 +31,7 @@ from helpers import (
     DEMO_DET_CFG,
     REPO,
     assert_user_error,
+    init_checkpoint,
     run_cmd,
     run_tool,
     run_tool_in_process,
@@ -176,17 +176,7 @@ def test_results_file_refuses_another_evaluation(tmp_path):
 
 def _init_checkpoint(config: str, path: Path) -> Path:
     """A checkpoint of the config's freshly initialised model (no training needed)."""
-    from mmengine.registry import init_default_scope
-
-    import mmrobust  # noqa: F401
-    cfg = Config.fromfile(str(REPO / config))
-    init_default_scope(cfg.default_scope)
-    registry = __import__(f'{cfg.default_scope}.registry', fromlist=['MODELS'])
-    torch.manual_seed(0)
-    model = registry.MODELS.build(cfg.model)
-    model.init_weights()
-    torch.save({'state_dict': model.state_dict(), 'meta': {}}, path)
-    return path
+    return init_checkpoint(config, path)
 
 
 def _cells(path: Path) -> dict:

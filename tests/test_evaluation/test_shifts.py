@@ -231,3 +231,38 @@ def test_coco_os_headline_is_the_mean_over_its_domains_with_the_mean_of_their_re
     table = '\n'.join(shift_markdown({'m': results}, [metric], extras))
     assert f'| m | coco_o_mean | COCO-O, mean over its 6 domains (its headline) | {metric} | ' \
            f'0.350 [{low:.3f}, {high:.3f}] | 0.500 | -0.150 |' in table
+
+
+def test_shift_sets_and_families_are_registries():
+    from mmrobust.datasets.shift_sets import (
+        SHIFT_FAMILIES,
+        SHIFT_SETS,
+        ShiftFamily,
+        ShiftSet,
+        parse_shifts,
+        register_shift_family,
+        register_shift_set,
+    )
+    from mmrobust.evaluation.cell_kinds import kind_of
+    from mmrobust.evaluation.cell_kinds.shift import SHIFT
+    with pytest.raises(ValueError, match="shift family 'acdc' is registered already"):
+        register_shift_family(ShiftFamily('acdc', 'segmentation', '-', '-', '-', 'data/acdc'))
+    with pytest.raises(ValueError, match="family 'nowhere' is not registered"):
+        register_shift_set(ShiftSet('rain_set', 'nowhere', {1: 'rain'}, {1: {}}))
+    with pytest.raises(ValueError, match='task is one of'):
+        ShiftFamily('rainy', 'classification', '-', '-', '-', 'data/rainy')
+    with pytest.raises(ValueError, match='each of its levels needs its dataset arguments'):
+        ShiftSet('rain_set', 'acdc', {1: 'light', 2: 'heavy'}, {1: {}})
+    register_shift_family(ShiftFamily('rainy', 'segmentation', 'rgb/*.png and gt/*.png',
+                                      'a user', 'CC0', 'data/rainy'))
+    try:
+        register_shift_set(ShiftSet('rainy_city', 'rainy', {1: 'rainy city, val'}, {1: dict(
+            data_prefix=dict(img_path='rgb', seg_map_path='gt'), img_suffix='.png',
+            seg_map_suffix='.png')}))
+        assert parse_shifts(['rainy_city']) == [('rainy_city', 1)]
+        assert kind_of('rainy_city') is SHIFT
+        with pytest.raises(ValueError, match="shift set 'rainy_city' is registered already"):
+            register_shift_set(SHIFT_SETS['rainy_city'])
+    finally:
+        SHIFT_SETS.pop('rainy_city', None)
+        SHIFT_FAMILIES.pop('rainy')

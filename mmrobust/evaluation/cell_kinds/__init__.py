@@ -3,18 +3,33 @@
 A kind owns the names of its cells (each name is exactly one kind's) and everything the run does
 with them that differs by kind: which cells it plans and what the results identity records of
 them, its pre-flight checks, its dataloader, its model context (the attack's preprocessor), its
-evaluator config, its image roots, whether mPC averages over it and what a report calls it. The
-kinds are registered in run order; :func:`kind_of` answers for a name. A name no kind owns is an
-error, not a corruption: a new kind registers itself here (CONTRIBUTING.md, recipes) instead of
-being counted in mPC by default.
+evaluator config, its image roots, whether mPC averages over it, its command-line options, what
+it does once every cell is recorded (the attack kind's worst case) and what a report says of it
+(each cell's category, the kind's own section, CSV file and plots). The kinds are registered in
+run order; :func:`kind_of` answers for a name. A name no kind owns is an error, not a
+corruption: a new kind registers itself here (CONTRIBUTING.md, recipes; from a module the
+config's ``custom_imports`` names, for the tools) instead of being counted in mPC by default.
 
 This module is the registry and the base class, and imports nothing of the run; the built-in
-kinds (:mod:`.corruption`, :mod:`.attack`, :mod:`.shift`) build on the run's machinery and
-register themselves when :mod:`mmrobust.evaluation` is imported.
+kinds (:mod:`.corruption`, :mod:`.attack`, :mod:`.shift`) build on the run's machinery and are
+registered, in run order, by the one list of :mod:`.builtin` when :mod:`mmrobust.evaluation` is
+imported.
 """
+import argparse
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import (
+    Any,
+    Callable,
+    ContextManager,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 from ...utils.config_checks import leaf_datasets
 from ...utils.errors import MMRobustError
@@ -111,7 +126,10 @@ class CellKind:
             clean cell rides with the corruptions, in their one pass); None: this kind's.
         config_ground_truth: its inference reads the ground truth the config's own pipeline
             loads (an attack's loss), not only what the metrics read.
-        category: what a report's category column says of its cells.
+        category: what a report's category column says of its cells
+            (:meth:`category_of`).
+        alone: the protocol name of a run that asks for this kind's cells only (``attacks``);
+            None: the kind's name.
     """
 
     name: str
@@ -121,6 +139,7 @@ class CellKind:
     inferred_by: Optional[str] = None
     config_ground_truth: bool = False
     category: str = ''
+    alone: Optional[str] = None
 
     def planned(self, identity: Mapping) -> List[Cell]:
         """This kind's cells of a results identity, in run order."""
@@ -164,6 +183,68 @@ class CellKind:
             'mmrobust.evaluation.cell_kinds.per_cell.PerCellKind (a dataloader per cell) and '
             'give it dataloader() (CONTRIBUTING.md, recipes)')
 
+    # -- the tools ---------------------------------------------------------------------------
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """This kind's options of ``tools/test_robustness.py`` (none here)."""
+
+    def options_from_args(self, args: argparse.Namespace) -> Any:
+        """This kind's ``kind_options`` from the parsed command line; None: not asked for."""
+        return None
+
+    def apply_args(self, args: argparse.Namespace, options: Any) -> bool:
+        """Set this kind's part of the run's options from the command line.
+
+        The base puts :meth:`options_from_args` into ``options.kind_options[<name>]`` (a
+        :class:`~..robustness.RobustnessOptions`), where the config's ``robustness_kind_options``
+        may have put them already.
+
+        Returns:
+            Whether this kind's cells were asked for (a kind asked for alone replaces the default
+            corruption protocol).
+        """
+        value = self.options_from_args(args)
+        if value is not None:
+            options.kind_options = {**(options.kind_options or {}), self.name: value}
+        return self.name in (options.kind_options or {})
+
+    # -- the results, once every cell is recorded -------------------------------------------
+
+    def finish(self, path: str, data: Dict, stats_folders: Optional[Any] = None
+               ) -> Dict[str, str]:
+        """Cells computed from the recorded ones, added to ``data`` (the worst case over attacks).
+
+        Args:
+            path: the results file (its per-image statistics lie beside it).
+            data: the results dict, edited in place.
+            stats_folders: the per-image folders to read (a merge's shards); None: ``path``'s.
+
+        Returns:
+            ``{what: why}`` of what could not be computed (logged by the caller).
+        """
+        return {}
+
+    # -- the report --------------------------------------------------------------------------
+
+    def category_of(self, name: str) -> str:
+        """What a report's category column says of cell ``name`` (:attr:`category`)."""
+        return self.category
+
+    def report_markdown(self, results_by_label: Mapping[str, Mapping], metrics: Sequence[str],
+                        extras: Any) -> List[str]:
+        """This kind's section of the report's Markdown (none here)."""
+        return []
+
+    def report_files(self, results_by_label: Mapping[str, Mapping], out_dir: str,
+                     metrics: Sequence[str], extras: Any) -> List[str]:
+        """This kind's CSV files in ``out_dir``, their paths (none here)."""
+        return []
+
+    def report_plots(self, results_by_label: Mapping[str, Mapping], out_dir: str,
+                     metrics: Sequence[str], extras: Any) -> List[str]:
+        """This kind's plots in ``out_dir``, their paths (none here)."""
+        return []
+
 
 #: the kinds by name, in run order
 CELL_KINDS: Dict[str, CellKind] = RowTable('cell kind')
@@ -186,7 +267,9 @@ def kind_of(name: str) -> CellKind:
             f'cell {name!r} is {"no" if not owners else "more than one"} kind\'s '
             f'({", ".join(k.name for k in owners) or ", ".join(CELL_KINDS)}): a results file '
             'of a corruption, attack or shift set that this mmrobust does not know. Register '
-            'what makes it (a corruption, an attack family, a shift set) before reading it')
+            'what makes it (a corruption, an attack family, a shift set, a cell kind) before '
+            'reading it: name its module in the config\'s custom_imports (the tools import the '
+            'modules a results file records)')
     return owners[0]
 
 

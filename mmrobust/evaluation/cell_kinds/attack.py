@@ -5,17 +5,29 @@ A cell ``(<family>_<norm>, k)`` is the k-th budget of an attack of the run's pla
 (:mod:`..worst_case`), computed from the others' per-image statistics, never inferred. The
 families are rows of :mod:`..attack_families`.
 """
+import argparse
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Mapping
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
+from mmengine.logging import print_log
 from typing_extensions import override
 
 from ...models.utils import unwrap_model
-from ..attack_families import ATTACK_FAMILIES
-from ..attacks import Attack, attack_batch, attack_cells, attack_of_cell, check_attack_pipeline
+from ...utils.errors import UsageError
+from ..attack_families import ATTACK_FAMILIES, attack_families
+from ..attack_report import attack_markdown, plot_attacks, write_attack_csv
+from ..attacks import (
+    Attack,
+    attack_batch,
+    attack_cells,
+    attack_names,
+    attack_of_cell,
+    attack_plan,
+    check_attack_pipeline,
+)
 from ..cells import cell_dataloader, gt_at_file_scale
-from . import WORST, Cell, CellRun, RunSpec, register_cell_kind
-from . import corruption as _corruption  # noqa: F401  (registered before: run order)
+from ..worst_case import add_worst_case
+from . import WORST, Cell, CellRun, RunSpec
 from .per_cell import PerCellKind
 
 __all__ = ['ATTACK', 'AttackKind', 'attacking']
@@ -60,6 +72,73 @@ class AttackKind(PerCellKind):
         assert run.spec.attacks
         return attacking(run.runner, run.cfg, attack_of_cell(run.spec.attacks, *cell))
 
+    @override
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        families = attack_families()  # NOTE: the registered rows, a user's own among them
+        seg_only = ' / '.join(f.name for f in families if f.segmentation_only)
+        starts = ', '.join(f'{"on" if f.random_start else "off"} for {f.name}'
+                           for f in families)
+        group = parser.add_argument_group('attack cells (white-box, in the preprocessor)')
+        group.add_argument('--attacks', nargs='+', default=None, metavar='ATTACK',
+                           help='white-box attack cells, each at every --epsilons: '
+                                f'{", ".join(attack_names())} ({seg_only}: segmentors); '
+                                'without --protocol / --corruptions only the cells asked for '
+                                'run')
+        group.add_argument('--epsilons', nargs='+', default=None, metavar='EPS',
+                           help='attack budgets in [0, 1] RGB pixel units, e.g. 1/255 8/255 '
+                                '(L-inf: per pixel value; L2: the norm over the image)')
+        group.add_argument('--attack-steps', type=int, default=10,
+                           help='PGD iterations (10)')
+        group.add_argument('--attack-step-size', type=float, default=None,
+                           help='default: 2.5 * epsilon / steps (FGSM: epsilon)')
+        group.add_argument('--attack-random-start', nargs='?', const='on', default=None,
+                           choices=('on', 'off'),
+                           help='start from a uniform point of the epsilon-ball (default: '
+                                f"each attack's paper: {starts})")
+        group.add_argument('--attack-restarts', type=int, default=1,
+                           help='random restarts (needs the random start); the strongest '
+                                'kept, per image')
+
+    @override
+    def apply_args(self, args: argparse.Namespace, options: Any) -> bool:
+        """``options.attacks``: the plan of ``--attacks`` (every attack built once, checked)."""
+        start = args.attack_random_start
+        options.attacks = attack_plan(
+            args.attacks or (), args.epsilons, args.attack_steps, args.attack_step_size,
+            None if start is None else start == 'on', args.attack_restarts,
+            0 if args.seed is None else args.seed) or None
+        if args.epsilons and not options.attacks:
+            raise UsageError('--epsilons needs --attacks (e.g. --attacks pgd_linf)')
+        return bool(options.attacks)
+
+    @override
+    def finish(self, path: str, data: Dict, stats_folders: Optional[Sequence[str]] = None
+               ) -> Dict[str, str]:
+        """The per-image worst case over the attacks (:mod:`..worst_case`), logged."""
+        attacks = list(data.get('attacks') or {})
+        before = set(data.get('cells', {}).get(WORST, {}))
+        skipped = add_worst_case(path, data, stats_folders)
+        added = sorted(set(data.get('cells', {}).get(WORST, {})) - before, key=int)
+        if added:
+            print_log(f'worst case over {", ".join(attacks)} per image: cell(s) {WORST} '
+                      f'{", ".join(added)} recorded', logger='current')
+        return {f'worst-case cell at budget {k}': why for k, why in skipped.items()}
+
+    @override
+    def report_markdown(self, results_by_label: Mapping[str, Mapping], metrics: Sequence[str],
+                        extras: Any) -> List[str]:
+        return attack_markdown(results_by_label, metrics, extras)
+
+    @override
+    def report_files(self, results_by_label: Mapping[str, Mapping], out_dir: str,
+                     metrics: Sequence[str], extras: Any) -> List[str]:
+        return write_attack_csv(results_by_label, out_dir, metrics, extras)
+
+    @override
+    def report_plots(self, results_by_label: Mapping[str, Mapping], out_dir: str,
+                     metrics: Sequence[str], extras: Any) -> List[str]:
+        return plot_attacks(results_by_label, out_dir, metrics, extras)
+
 
 @contextmanager
 def attacking(runner, cfg: Any, attack: Attack) -> Iterator[None]:
@@ -83,5 +162,5 @@ def attacking(runner, cfg: Any, attack: Attack) -> Iterator[None]:
 
 
 # NOTE: an attack's loss needs the ground truth the config's own pipeline loads
-ATTACK = register_cell_kind(AttackKind('attack', _is_attack, config_ground_truth=True,
-                                       category='adversarial'))
+ATTACK = AttackKind('attack', _is_attack, config_ground_truth=True, category='adversarial',
+                    alone='attacks')

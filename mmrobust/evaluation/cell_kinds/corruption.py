@@ -22,7 +22,7 @@ from ...corruptions.stored import (
 from ...utils.config_checks import leaf_datasets
 from ..cells import cell_dataloader, check_stored_leaves
 from ..evaluator_cfg import find_loading_step
-from . import CLEAN, Cell, CellRun, Inferred, RunSpec, register_cell_kind
+from . import CLEAN, Cell, CellRun, Inferred, RunSpec
 from .one_pass import OnePassUnsupported, one_pass_cells
 from .per_cell import PerCellKind
 
@@ -71,6 +71,10 @@ class CorruptionKind(PerCellKind):
     def check_run(self, runner: Any, cfg: Any, spec: RunSpec) -> None:
         for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
             find_loading_step(list(dataset['pipeline']))  # NOTE: raises PipelineError
+
+    def category_of(self, name: str) -> str:
+        """The corruption's category (noise, blur, weather, digital)."""
+        return CORRUPTIONS[name].category
 
     def image_roots(self, cfg: Any, cell: Cell, spec: RunSpec) -> Tuple[str, ...]:
         """The stored set's folder of ``cell``, then the datasets' data roots."""
@@ -133,8 +137,10 @@ class CleanKind(CorruptionKind):
     def label(self, cell: Cell) -> str:
         return CLEAN
 
+    @override
+    def category_of(self, name: str) -> str:
+        return ''
 
-CLEAN_SET = register_cell_kind(CleanKind('clean', lambda name: name == CLEAN,
-                                         inferred_by='corruption'))
-CORRUPTION = register_cell_kind(CorruptionKind('corruption', lambda name: name in CORRUPTIONS,
-                                               counts_in_mpc=True))
+
+CLEAN_SET = CleanKind('clean', lambda name: name == CLEAN, inferred_by='corruption')
+CORRUPTION = CorruptionKind('corruption', lambda name: name in CORRUPTIONS, counts_in_mpc=True)

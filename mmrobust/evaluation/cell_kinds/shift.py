@@ -4,22 +4,27 @@ A cell ``(set, level)`` of :mod:`~mmrobust.datasets.shift_sets` (ACDC, Foggy Cit
 Zurich, COCO-O): its images are its own (per-image statistics pair only within it), a dataloader
 each, a detection set's COCO metrics scored against its annotation file; not in mPC / rPC.
 """
-from typing import Any, Dict, List, Mapping, Tuple
+import argparse
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from typing_extensions import override
 
 from ...datasets.shift_sets import (
+    SHIFT_BUNDLES,
+    SHIFT_FAMILIES,
     SHIFT_SETS,
     check_shift_root,
     check_shift_task,
+    parse_shifts,
     shift_ann_file,
     shift_identity,
 )
 from ...utils.config_checks import leaf_datasets
+from ...utils.errors import UsageError
 from ..cells import shift_dataloader
 from ..evaluator_cfg import is_coco_metric, metric_entries
-from . import Cell, CellRun, RunSpec, register_cell_kind
-from . import attack as _attack  # noqa: F401  (registered before: run order)
+from ..shift_report import plot_shifts, shift_markdown, write_shift_csv
+from . import Cell, CellRun, RunSpec
 from .per_cell import PerCellKind
 
 __all__ = ['SHIFT', 'ShiftKind']
@@ -69,6 +74,49 @@ class ShiftKind(PerCellKind):
         loader = shift_dataloader(cfg, cell, spec.shift_roots)
         return (str(leaf_datasets(loader['dataset'])[0]['data_root']), )
 
+    @override
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group('real-world shift cells')
+        group.add_argument('--shifts', nargs='+', default=None, metavar='SHIFT',
+                           help="real-world shift cells (the config's pipeline and metric on "
+                                'another set, not in mPC): sets '
+                                f'({", ".join(SHIFT_SETS)}), SET:LEVEL, foggy_<beta>, or '
+                                f'bundles ({", ".join(SHIFT_BUNDLES)}); without --protocol / '
+                                '--corruptions only the cells asked for run')
+        group.add_argument('--shift-root', nargs='+', default=[], metavar='FAMILY=PATH',
+                           help='where a shift family lives (default data/<family>): '
+                                f'{", ".join(SHIFT_FAMILIES)}')
 
-SHIFT = register_cell_kind(ShiftKind('shift', lambda name: name in SHIFT_SETS, own_images=True,
-                                     category='real-world shift'))
+    @override
+    def apply_args(self, args: argparse.Namespace, options: Any) -> bool:
+        """``options.shifts`` of ``--shifts``, ``options.shift_roots`` of ``--shift-root``."""
+        roots = {}
+        for item in args.shift_root:
+            family, _, path = item.partition('=')
+            if family not in SHIFT_FAMILIES or not path:
+                raise UsageError(f'--shift-root takes FAMILY=PATH with FAMILY one of '
+                                 f'{", ".join(SHIFT_FAMILIES)}; got {item!r}')
+            roots[family] = path
+        options.shifts = parse_shifts(args.shifts) if args.shifts else None
+        options.shift_roots = roots
+        return bool(options.shifts)
+
+    @override
+    def report_markdown(self, results_by_label: Mapping[str, Mapping], metrics: Sequence[str],
+                        extras: Any) -> List[str]:
+        return shift_markdown(results_by_label, metrics, extras)
+
+    @override
+    def report_files(self, results_by_label: Mapping[str, Mapping], out_dir: str,
+                     metrics: Sequence[str], extras: Any) -> List[str]:
+        path = write_shift_csv(results_by_label, out_dir, metrics, extras)
+        return [path] if path else []
+
+    @override
+    def report_plots(self, results_by_label: Mapping[str, Mapping], out_dir: str,
+                     metrics: Sequence[str], extras: Any) -> List[str]:
+        return plot_shifts(results_by_label, out_dir, metrics, extras)
+
+
+SHIFT = ShiftKind('shift', lambda name: name in SHIFT_SETS, own_images=True,
+                  category='real-world shift', alone='shifts')

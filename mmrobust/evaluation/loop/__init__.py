@@ -1,10 +1,10 @@
-"""The robustness run's test loop, written once.
+"""The robustness run's test loop.
 
-:class:`~.overlapped.OverlappedTestLoop` is mmengine's ``TestLoop`` as named steps, with each
-batch preprocessed ahead and post-processed behind the model; its ``run()`` drains before it
-computes metrics, and :class:`~.overlapped.InferenceLoop`'s stops before them (the metric
-worker computes them). :mod:`.cells` runs the cells with it: a dataloader per cell, or every
-cell in one pass. mmengine's private names and ``runner._test_loop`` are used here only.
+:class:`~mmrobust.engine.runner.OverlappedTestLoop` (registered: any config's ``test_cfg`` can
+name it) is mmengine's ``TestLoop`` as named steps, with each batch preprocessed ahead and
+post-processed behind the model; :class:`~.overlapped.InferenceLoop`'s ``run()`` stops before the
+metrics (the metric worker computes them). :mod:`.cells` runs the cells with it: a dataloader per
+cell, or every cell in one pass.
 """
 from .cells import iterate_one_pass, loading_share, per_cell_cells
 from .overlapped import (
