@@ -151,3 +151,36 @@ def test_config_builds(path, toy_data, in_repo):
             model.eval()
             with torch.no_grad():
                 assert len(model.test_step(batch)) == 1
+
+
+def test_the_data_check_asks_only_for_what_the_pipeline_opens(tmp_path):
+    """A prefix nothing opens is not asked for; one a pipeline opens is.
+
+    mmdet's Mask2Former instance config inherits its panoptic base's ``seg`` prefix, which
+    ``CocoDataset`` never opens: no refusal on a plain COCO instance set (mmdet's own tools/test.py
+    runs it); a pipeline that loads segmentation maps still needs them.
+    """
+    from pathlib import Path
+
+    import mmdet
+    stock = (Path(mmdet.__file__).parent / '.mim/configs/mask2former/'
+             'mask2former_r50_8xb2-lsj-50e_coco.py')
+    cfg = Config.fromfile(str(stock))
+    (tmp_path / 'val2017').mkdir()
+    (tmp_path / 'annotations').mkdir()
+    (tmp_path / 'annotations/instances_val2017.json').write_text('{}')
+    cfg.test_dataloader.dataset.data_root = f'{tmp_path}/'
+    dataset = cfg.test_dataloader.dataset
+    assert dataset.data_prefix.get('seg') and not (tmp_path / dataset.data_prefix.seg).exists()
+    check_dataset_paths(cfg, ['test_dataloader'])
+    load = next(s for s in dataset.pipeline if s['type'] == 'LoadAnnotations')
+    load['with_seg'] = True
+    with pytest.raises(DatasetNotFoundError, match='panoptic_val2017'):
+        check_dataset_paths(cfg, ['test_dataloader'])
+    # mmseg's LoadAnnotations always opens the label maps
+    seg = Config(dict(default_scope='mmseg', test_dataloader=dict(dataset=dict(
+        type='CityscapesDataset', data_root=str(tmp_path),
+        data_prefix=dict(img_path='val2017', seg_map_path='gtFine/val'),
+        pipeline=[dict(type='LoadImageFromFile'), dict(type='LoadAnnotations')]))))
+    with pytest.raises(DatasetNotFoundError, match='gtFine'):
+        check_dataset_paths(seg, ['test_dataloader'])

@@ -225,6 +225,29 @@ def test_corrupt_transform_in_test_pipelines(toy_data, in_repo, scope):
         4, Path(meta['img_path']).name, 'snow', 3), channel_order='rgb'))
 
 
+def test_a_float_loading_steps_image_is_corrupted_as_its_file_bytes(toy_data, in_repo):
+    """A float-loading step's image is its file's uint8 corrupted, then converted as it was.
+
+    ``LoadImageFromFile(to_float32=True)``: mmdet's Mask2Former, CornerNet, CenterNet configs.
+    """
+    from mmdet.registry import TRANSFORMS
+    path = next((REPO / 'data/toy_coco/val2017').glob('*.jpg'))
+    steps = [TRANSFORMS.build(dict(type='LoadImageFromFile', to_float32=True)),
+             TRANSFORMS.build(dict(type='Corrupt', corruption='snow', severity=3, seed=4,
+                                   bgr_compat=False))]
+    results = dict(img_path=str(path))
+    for step in steps:
+        results = step(results)
+    expected = corrupt(mmcv.imread(str(path)), 'snow', 3, channel_order='bgr',
+                       seed=derive_seed(4, path.name, 'snow', 3)).astype(np.float32)
+    assert results['img'].dtype == np.float32 and np.array_equal(results['img'], expected)
+    # what is not a loaded 8-bit file is refused with what to do, never corrupted as something else
+    with pytest.raises(ConfigError, match='not whole values in \\[0, 255\\].*before any normal'):
+        steps[1](dict(img=expected / 255 - 0.5, img_path=str(path)))
+    with pytest.raises(ConfigError, match="uint16 image.*color_type='color'"):
+        steps[1](dict(img=np.zeros((40, 40, 3), np.uint16), img_path=str(path)))
+
+
 def test_corrupt_built_by_mmdets_name_says_once_that_its_colour_handling_is_not_mmdets(
         monkeypatch):
     import mmengine.logging

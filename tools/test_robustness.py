@@ -25,7 +25,7 @@ from pathlib import Path
 # the mmrobust of this checkout, not whichever one is installed
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mmrobust.utils.errors import InputNotFoundError, run_tool
+from mmrobust.utils.errors import run_tool
 from mmrobust.utils.origin import report_origin
 
 report_origin(__file__)
@@ -55,6 +55,7 @@ from mmrobust.evaluation.results import report_dir
 from mmrobust.evaluation.robustness import DEFAULT_METRIC_QUEUE
 from mmrobust.evaluation.shards import parse_shard
 from mmrobust.utils import explain_registry_errors
+from mmrobust.utils.config_checks import resolve_config_path
 
 
 def build_parser(first_pass: bool = False) -> argparse.ArgumentParser:
@@ -137,9 +138,7 @@ def load_config(argv: Optional[List[str]] = None) -> Optional[Config]:
     known, _ = build_parser(first_pass=True).parse_known_args(argv)
     if not known.config:
         return None
-    if not osp.isfile(known.config):
-        raise InputNotFoundError(f'config {known.config} does not exist')
-    cfg = Config.fromfile(known.config)  # NOTE: imports its custom_imports
+    cfg = Config.fromfile(resolve_config_path(known.config))  # NOTE: imports custom_imports
     if known.cfg_options:
         cfg.merge_from_dict(known.cfg_options)
     if cfg.get('custom_imports'):  # NOTE: again, for what --cfg-options added

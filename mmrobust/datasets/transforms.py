@@ -1,8 +1,9 @@
 """Data transforms of mmrobust (registered for both mmdet and mmseg pipelines)."""
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import mmdet.datasets.transforms  # noqa: F401  (registers mmdet's Corrupt first; see below)
+import numpy as np
 from mmcv.transforms import BaseTransform
 from typing_extensions import override
 
@@ -24,6 +25,34 @@ def _say_replaced_once() -> None:
               "published COCO-C numbers, treated mmcv's BGR array as RGB. Pass "
               'bgr_compat=True (tools/test_robustness.py --bgr-compat) to corrupt as mmdet '
               'did, or bgr_compat=False to say that this is meant.', logger='current', level=30)
+
+
+def _as_file_bytes(img: Any) -> Tuple[np.ndarray, Optional[np.dtype]]:
+    """The uint8 image a loading step read, and the float dtype it converted it to (or None).
+
+    ``LoadImageFromFile(to_float32=True)`` (mmdet's Mask2Former, CornerNet, CenterNet configs,
+    several of mmseg's) hands on the file's uint8 values as float32: they are corrupted as the
+    bytes they are and converted back.
+
+    Raises:
+        ConfigError: a float image that is not whole values in [0, 255] (not a loaded file), or
+            another dtype (a 16-bit image, ``color_type='unchanged'``): the corruptions are
+            defined on 8-bit images.
+    """
+    if not isinstance(img, np.ndarray) or img.dtype == np.uint8:
+        return img, None
+    if img.dtype.kind == 'f':
+        whole = np.rint(img)
+        if img.size and (whole.min() < 0 or whole.max() > 255 or not np.array_equal(whole, img)):
+            raise ConfigError(
+                f'Corrupt got a {img.dtype} image that is not whole values in [0, 255] (from '
+                f'{float(img.min()):g} to {float(img.max()):g}): put it right after the '
+                'image-loading step, before any normalisation')
+        return whole.astype(np.uint8), img.dtype
+    raise ConfigError(
+        f'Corrupt got a {img.dtype} image: the corruptions are defined on 8-bit images. Load '
+        "them as 8-bit (the loading step's color_type='color', not 'unchanged' for 16-bit "
+        'files) or convert the set to 8-bit first')
 
 
 # NOTE: mmdet ships a `Corrupt` (imagecorruptions, unseeded, crashes on current scikit-image for
@@ -85,8 +114,11 @@ class Corrupt(BaseTransform):
                               'image-loading transform (e.g. LoadImageFromFile).')
         seed = derive_seed(self.seed, self.image_id(results), self.corruption, self.severity)
         order = 'rgb' if self.bgr_compat else self.channel_order
-        results['img'] = corrupt(results['img'], self.corruption, self.severity, seed=seed,
-                                 channel_order=order)
+        img, dtype = _as_file_bytes(results['img'])
+        out = corrupt(img, self.corruption, self.severity, seed=seed, channel_order=order)
+        # NOTE: handed on as the loading step gave it (to_float32: float32 in [0, 255]), so a
+        # cell differs from the clean set by the corruption only
+        results['img'] = out if dtype is None else out.astype(dtype)
         results.setdefault('corruption', (self.corruption, self.severity))
         return results
 

@@ -361,6 +361,13 @@ def attack_plan(names: Sequence[str], epsilons: Sequence[Union[str, float]], ste
         raise AttackError('attacks need their budgets: --epsilons 1/255 2/255 4/255 8/255')
     if len(set(values)) != len(values):
         raise AttackError(f'--epsilons lists a budget twice: {list(epsilons)}')
+    linf = [n for n in dict.fromkeys(names) if n.rpartition('_')[2] == 'linf']
+    big = [str(e) for e, v in zip(epsilons, values) if v > 1]
+    if linf and big:
+        # NOTE: a budget above 1 lets every pixel reach 0 or 255: a 2 meant as 2/255
+        raise AttackError(f'--epsilons {" ".join(big)}: an L-inf budget ({", ".join(linf)}) is '
+                          'in [0, 1] RGB pixel units, where more than 1 lets every pixel go to 0 '
+                          f'or 255; write it over 255, e.g. {big[0]}/255')
     plan = {}
     for name in dict.fromkeys(names):
         attack = Attack.from_name(name, values[-1], steps=steps, step_size=step_size,

@@ -6,19 +6,21 @@
 """
 import contextlib
 import difflib
+import importlib
 import os.path as osp
 import re
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import mmengine.registry as mme_registry
 from mmengine.config import Config
+from mmengine.logging import print_log
 from mmengine.registry import Registry
 
 from .errors import ConfigError, InputNotFoundError, UsageError
 
 __all__ = ['DatasetNotFoundError', 'RegistryLookupError', 'MissingCustomImportsError',
            'check_dataset_paths', 'check_custom_imports', 'explain_registry_errors',
-           'explain_registry_error', 'config_scope', 'leaf_datasets']
+           'explain_registry_error', 'config_scope', 'leaf_datasets', 'resolve_config_path']
 
 CUSTOM_IMPORTS_LINE = "custom_imports = dict(imports=['mmrobust'], allow_failed_imports=False)"
 
@@ -67,16 +69,75 @@ def leaf_datasets(ds: Any) -> List[Dict]:
     return [ds]
 
 
-def _dataset_paths(ds: Dict) -> List[str]:
+#: ``data_prefix`` keys of images, which every dataset reads
+_IMAGE_PREFIXES = ('img', 'img_path')
+
+
+def _reads_label_maps(ds: Dict, scope: Optional[str]) -> bool:
+    """Whether the dataset's pipeline opens the files of its other ``data_prefix`` keys.
+
+    A segmentation (or panoptic) map is opened by mmseg's ``LoadAnnotations``, mmdet's with
+    ``with_seg=True`` and ``LoadPanopticAnnotations``; an mmdet instance config that inherits
+    a panoptic base's ``seg`` prefix never opens it. Without a pipeline: assumed to.
+    """
+    pipeline = ds.get('pipeline')
+    if not pipeline:
+        return True
+    for step in pipeline:
+        kind = step.get('type', '') if isinstance(step, dict) else type(step).__name__
+        kind = kind if isinstance(kind, str) else getattr(kind, '__name__', '')
+        step_scope, _, name = kind.rpartition('.')
+        if name == 'LoadPanopticAnnotations' and step.get('with_seg', True):
+            return True
+        if name == 'LoadAnnotations' and ((step_scope or scope) == 'mmseg'
+                                           or step.get('with_seg', False)):
+            return True
+    return False
+
+
+def _dataset_paths(ds: Dict, scope: Optional[str] = None) -> List[Tuple[str, bool]]:
+    """``(path, opened)`` of a dataset config: ``opened`` False for a prefix nothing reads."""
     root = ds.get('data_root') or ''
-    paths = [root] if root else []
+    paths = [(root, True)] if root else []
     ann = ds.get('ann_file')
     if ann:
-        paths.append(ann if osp.isabs(ann) else osp.join(root, ann))
-    for value in (ds.get('data_prefix') or {}).values():
+        paths.append((ann if osp.isabs(ann) else osp.join(root, ann), True))
+    labels = _reads_label_maps(ds, scope)
+    for key, value in (ds.get('data_prefix') or {}).items():
         if isinstance(value, str) and value:
-            paths.append(value if osp.isabs(value) else osp.join(root, value))
+            paths.append((value if osp.isabs(value) else osp.join(root, value),
+                          key in _IMAGE_PREFIXES or labels))
     return paths
+
+
+def resolve_config_path(name: str) -> str:
+    """A config's file: a path, or mmengine's package form found in the installed package.
+
+    ``mmdet::faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py`` is the file under the package's
+    ``.mim/configs`` (where mmdet and mmseg wheels ship their zoo).
+
+    Raises:
+        InputNotFoundError: no such file, package or package config.
+    """
+    if '::' not in name:
+        if not osp.isfile(name):
+            raise InputNotFoundError(
+                f'config {name} does not exist (resolved from {osp.abspath(".")}): give a path, '
+                "or a package's config as mmengine names it, e.g. "
+                'mmdet::faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py')
+        return name
+    package, _, relative = name.partition('::')
+    try:
+        module = importlib.import_module(package)
+    except ImportError:
+        raise InputNotFoundError(f'config {name}: the package {package!r} is not installed') \
+            from None
+    folder = osp.join(osp.dirname(module.__file__), '.mim', 'configs')
+    path = osp.join(folder, relative)
+    if not osp.isfile(path):
+        raise InputNotFoundError(f'config {name}: {package} has no config {relative} (its '
+                                 f'configs are under {folder})')
+    return path
 
 
 def check_dataset_paths(cfg: Config, loaders: List[str]) -> None:
@@ -93,8 +154,12 @@ def check_dataset_paths(cfg: Config, loaders: List[str]) -> None:
         for ds in leaf_datasets(loader.get('dataset')):
             if ds.get('backend_args') is not None:
                 continue  # remote storage: nothing to check locally
-            for path in _dataset_paths(ds):
+            for path, opened in _dataset_paths(ds, cfg.get('default_scope')):
                 if '://' in path or osp.exists(path):
+                    continue
+                if not opened:  # NOTE: a prefix the pipeline never opens: no reason to refuse
+                    print_log(f'{key}: {path!r} does not exist; not needed, as the pipeline '
+                              'loads no segmentation map from it', logger='current')
                     continue
                 root = ds.get('data_root') or osp.dirname(path)
                 hint = ('it is mmrobust\'s toy data: generate it with '

@@ -93,6 +93,10 @@ def test_epsilon_and_attack_names_are_checked():
     assert Attack.from_name('fgsm_linf', 0.1, steps=10).steps == 1
     assert Attack.from_name('pgd_linf', 0.1, steps=10).alpha == pytest.approx(0.025)
     assert len(attack_names()) == 8
+    # a zoo user's "--epsilons 2" meant 2/255: on the [0, 1] scale it would saturate every pixel
+    with pytest.raises(AttackError, match=r'--epsilons 2: an L-inf budget \(pgd_linf\).*2/255'):
+        attack_plan(['pgd_l2', 'pgd_linf'], ['1/255', '2'])
+    assert attack_plan(['pgd_l2'], ['2'])['pgd_l2']['epsilons'] == [2.0]  # L2: the image's norm
 
 
 def test_epsilon_zero_gives_the_clean_batch_back(model_and_batch):

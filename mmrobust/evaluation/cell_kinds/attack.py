@@ -86,7 +86,8 @@ class AttackKind(PerCellKind):
                                 'run')
         group.add_argument('--epsilons', nargs='+', default=None, metavar='EPS',
                            help='attack budgets in [0, 1] RGB pixel units, e.g. 1/255 8/255 '
-                                '(L-inf: per pixel value; L2: the norm over the image)')
+                                '(L-inf: per pixel value, at most 1; L2: the norm over the '
+                                "image's pixels and channels, in the same units)")
         group.add_argument('--attack-steps', type=int, default=10,
                            help='PGD iterations (10)')
         group.add_argument('--attack-step-size', type=float, default=None,
