@@ -9,7 +9,8 @@ differentiated window by window (:class:`_SlideLogits`): the peak memory of one 
 all of them. A family's ``pixel_weight`` (SegPGD's, CosPGD's) reweights that cross-entropy.
 """
 import copy
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from contextlib import contextmanager
+from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -207,15 +208,44 @@ def seg_loss(name: str, model: nn.Module, inputs: torch.Tensor, samples: Sequenc
     return (ce * weight * valid).sum() / count
 
 
-def task_loss(model: nn.Module, inputs: torch.Tensor, samples: Sequence) -> torch.Tensor:
-    """A detector's training loss on ``samples``' ground truth, summed as it trains."""
+#: layers whose training mode changes what they compute: kept in eval mode for the attack's loss
+_EVAL_LAYERS = (nn.modules.batchnorm._NormBase, nn.modules.dropout._DropoutNd)
+
+
+@contextmanager
+def loss_branches(model: nn.Module) -> Iterator[None]:
+    """The model's training branches on, its normalisation and dropout layers as they are.
+
+    A detector builds what its ``loss()`` reads where ``self.training`` is set: DINO's and
+    Deformable DETR's encoder outputs and denoising queries, DDQ-DETR's and Grounding DINO's
+    likewise. Its batch statistics and dropout masks stay those of inference (eval mode), so the
+    attack ascends the loss of the model it evaluates.
+    """
+    flags = {m: m.training for m in model.modules()}
+    for module in model.modules():
+        keep = isinstance(module, _EVAL_LAYERS) or 'Drop' in type(module).__name__
+        module.training = module.training if keep else True
     try:
-        losses = model(inputs, samples, mode='loss')
+        yield
+    finally:
+        for module, flag in flags.items():
+            module.training = flag
+
+
+def task_loss(model: nn.Module, inputs: torch.Tensor, samples: Sequence) -> torch.Tensor:
+    """A detector's training loss on ``samples``' ground truth, summed as it trains.
+
+    Computed as ``model.loss()`` builds it, within :func:`loss_branches`.
+    """
+    try:
+        with loss_branches(model):
+            losses = model(inputs, samples, mode='loss')
     except Exception as err:
         raise AttackLossError(
             f'the training loss of {type(model).__name__} could not be computed from the test '
-            f'data ({type(err).__name__}: {err}). The attack needs the ground truth in the test '
-            'pipeline (LoadAnnotations before the Pack step) and the model\'s train_cfg') from err
+            f'data ({type(err).__name__}: {err}). It needs the ground truth in the test pipeline '
+            '(LoadAnnotations before the Pack step) and the model\'s train_cfg; where both are '
+            'there, --debug shows where the loss failed') from err
     loss, _ = model.parse_losses(losses)
     return loss
 

@@ -594,3 +594,36 @@ def test_a_family_row_is_checked_when_registered():
     with pytest.raises(ValueError, match="'pgd' is registered already"):
         register_attack_family(AttackFamily('pgd', random_start=True, paper='-'))
     assert ATTACKS == ('fgsm', 'pgd', 'segpgd', 'cospgd')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('config', ['dino/dino-4scale_r50_8xb2-12e_coco.py',
+                                    'deformable_detr/deformable-detr_r50_16xb2-50e_coco.py'])
+def test_query_based_detectors_give_the_attack_their_training_loss(config):
+    """DINO and Deformable DETR build their loss's inputs only where ``training`` is set.
+
+    On 0b79246 their loss in eval mode failed (``DINOHead.loss() missing ... 'enc_outputs_class',
+    'enc_outputs_coord', and 'dn_meta'``). The stock configs from the installed mmdet.
+    """
+    from mmdet.registry import MODELS
+    from mmdet.testing import demo_mm_inputs
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+
+    from mmrobust.evaluation.attack_losses import task_loss
+    from mmrobust.models import adversarial
+    from mmrobust.utils.config_checks import resolve_config_path
+    cfg = Config.fromfile(resolve_config_path(f'mmdet::{config}'))
+    cfg.model.backbone.init_cfg = None  # NOTE: random init, no download
+    init_default_scope('mmdet')
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model)
+    # NOTE: DINO selects its 900 queries among the encoder's positions: enough of them
+    data = model.data_preprocessor(demo_mm_inputs(1, [[3, 256, 320]], num_items=[3]), False)
+    with adversarial.eval_mode(model):
+        x = data['inputs'].float().requires_grad_(True)
+        loss = task_loss(model, x, data['data_samples'])
+        grad, = torch.autograd.grad(loss, x)
+        # the branches were on for the loss only: eval mode again, the norms never left it
+        assert not any(m.training for m in model.modules())
+    assert torch.isfinite(loss) and loss > 0 and grad.abs().sum() > 0
