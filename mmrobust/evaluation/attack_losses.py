@@ -232,6 +232,22 @@ def loss_branches(model: nn.Module) -> Iterator[None]:
             module.training = flag
 
 
+def _own_instances(samples: Sequence) -> List:
+    """Shallow copies whose instance fields a head may reassign, the originals untouched.
+
+    RTMDet-Ins's loss turns its ground-truth masks into a tensor in place; an attack computes
+    the loss once per step from the same samples.
+    """
+    out = []
+    for sample in samples:
+        sample = copy.copy(sample)
+        for key in ('gt_instances', 'ignored_instances'):
+            if key in sample:
+                setattr(sample, key, copy.copy(sample.get(key)))
+        out.append(sample)
+    return out
+
+
 def task_loss(model: nn.Module, inputs: torch.Tensor, samples: Sequence) -> torch.Tensor:
     """A detector's training loss on ``samples``' ground truth, summed as it trains.
 
@@ -239,7 +255,7 @@ def task_loss(model: nn.Module, inputs: torch.Tensor, samples: Sequence) -> torc
     """
     try:
         with loss_branches(model):
-            losses = model(inputs, samples, mode='loss')
+            losses = model(inputs, _own_instances(samples), mode='loss')
     except Exception as err:
         raise AttackLossError(
             f'the training loss of {type(model).__name__} could not be computed from the test '

@@ -6,6 +6,7 @@ A cell ``(<family>_<norm>, k)`` is the k-th budget of an attack of the run's pla
 families are rows of :mod:`..attack_families`.
 """
 import argparse
+import copy
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
@@ -13,6 +14,7 @@ from mmengine.logging import print_log
 from typing_extensions import override
 
 from ...models.utils import unwrap_model
+from ...utils.config_checks import leaf_datasets
 from ...utils.errors import UsageError
 from ..attack_families import ATTACK_FAMILIES, attack_families
 from ..attack_report import attack_markdown, plot_attacks, write_attack_csv
@@ -31,6 +33,12 @@ from . import WORST, Cell, CellRun, RunSpec
 from .per_cell import PerCellKind
 
 __all__ = ['ATTACK', 'AttackKind', 'attacking']
+
+
+def _loss_reads_masks(model: Any) -> bool:
+    """Whether a detector's training loss reads instance masks (a mask head or mask loss)."""
+    return bool(getattr(model, 'with_mask', False)) or any(
+        hasattr(m, 'loss_mask') for m in model.modules())
 
 
 def _is_attack(name: str) -> bool:
@@ -62,6 +70,29 @@ class AttackKind(PerCellKind):
     def dataloader(self, run: CellRun, cell: Cell) -> Any:
         return cell_dataloader(self.config(run), None, 0, run.spec.seed, run.spec.bgr_compat,
                                None)
+
+    @override
+    def config(self, run: CellRun) -> Any:
+        """The config's own, with the instance masks loaded where the model's loss reads them.
+
+        A zoo test pipeline loads what its metric needs: RTMDet-Ins's loads boxes only, while
+        its training loss reads the masks.
+        """
+        model = unwrap_model(run.runner.model)
+        if not _loss_reads_masks(model):
+            return run.cfg
+        cfg = copy.deepcopy(run.cfg)
+        added = False
+        for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
+            for step in dataset.get('pipeline', []):
+                if isinstance(step, dict) and str(step.get('type', '')).endswith(
+                        'LoadAnnotations') and not step.get('with_mask', False):
+                    step['with_mask'] = added = True
+        if added and 'attack_gt' not in run.loading:  # NOTE: said once, and recorded
+            run.loading['attack_gt'] = (f'instance masks loaded too (with_mask=True): the '
+                                        f'training loss of {type(model).__name__} reads them')
+            print_log(f'attack cells: {run.loading["attack_gt"]}', logger='current')
+        return cfg
 
     @override
     def prefetch(self, run: CellRun) -> int:

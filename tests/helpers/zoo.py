@@ -1,0 +1,72 @@
+"""Stock mmdet / mmseg zoo configs made to run on the suite's tiny sets.
+
+The config is the installed package's own, with only what a tiny CPU run needs changed: random
+initialisation (no pretrained download), the test set pointed at a tiny COCO-80 or Cityscapes
+set (one image, no workers) and a smaller test scale. Its model, pipeline steps, metric and loops
+are the zoo's.
+"""
+from pathlib import Path
+from typing import Any, Optional, Tuple
+
+#: the test scale every zoo config is run at: small enough for a CPU, large enough for the
+#: strides of every architecture sampled (DINO selects 900 queries among the encoder positions)
+DET_SCALE = (320, 320)
+SEG_SCALE = (512, 256)
+
+
+def _no_pretrained(obj: Any) -> Any:
+    """Every ``init_cfg`` of type ``Pretrained`` and every ``pretrained`` path cleared."""
+    if isinstance(obj, dict):
+        out = {}
+        for key, value in obj.items():
+            if key == 'pretrained' and isinstance(value, str):
+                value = None
+            elif key == 'init_cfg' and isinstance(value, dict) and \
+                    value.get('type') == 'Pretrained':
+                value = None
+            out[key] = _no_pretrained(value)
+        return out
+    if isinstance(obj, list):
+        return [_no_pretrained(v) for v in obj]
+    return obj
+
+
+def _small(pipeline: list, scale: Tuple[int, int]) -> list:
+    steps = []
+    for step in pipeline:
+        step = dict(step)
+        if step.get('type') in ('Resize', 'RandomResize', 'mmdet.Resize') and 'scale' in step:
+            step['scale'] = scale
+        if step.get('type') == 'TestTimeAug':
+            raise ValueError('a test-time-augmentation pipeline: not sampled')
+        if step.get('type') == 'LoadAnnotations':
+            step.pop('reduce_zero_label', None)  # NOTE: ADE20K's; the tiny set is Cityscapes'
+        steps.append(step)
+    return steps
+
+
+def zoo_config(name: str, out: Path, data_root: str, ann_file: Optional[str] = None) -> Path:
+    """The stock config ``name`` (``mmdet::...``) for the tiny set at ``data_root``, as a file."""
+    from mmengine.config import Config
+
+    from mmrobust.utils.config_checks import resolve_config_path
+    cfg = Config.fromfile(resolve_config_path(name))
+    seg = cfg.get('default_scope') == 'mmseg'
+    cfg.model = _no_pretrained(cfg.model.to_dict())
+    loader = cfg.test_dataloader
+    loader.update(batch_size=1, num_workers=0, persistent_workers=False)
+    dataset = loader.dataset
+    dataset.data_root = data_root
+    dataset.indices = 1
+    dataset.pipeline = _small(dataset.pipeline, SEG_SCALE if seg else DET_SCALE)
+    if seg:
+        dataset.update(type='CityscapesDataset',
+                       data_prefix=dict(img_path='leftImg8bit/val', seg_map_path='gtFine/val'),
+                       img_suffix='_leftImg8bit.png', seg_map_suffix='_gtFine_labelTrainIds.png')
+    else:
+        dataset.update(ann_file=ann_file, data_prefix=dict(img='val2017/'))
+        cfg.test_evaluator = dict(cfg.test_evaluator, ann_file=f'{data_root}/{ann_file}')
+    cfg.custom_imports = dict(imports=['mmrobust'], allow_failed_imports=False)
+    path = out / (Path(name.split('::')[1]).stem + '.py')
+    cfg.dump(str(path))
+    return path
