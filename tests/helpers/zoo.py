@@ -45,6 +45,34 @@ def _small(pipeline: list, scale: Tuple[int, int]) -> list:
     return steps
 
 
+def tiny_coco(root: str, n: int = 1) -> str:
+    """A COCO-80 instance set of ``n`` 640x480 images (polygon masks), mmdet's class names."""
+    import json
+    import os
+
+    import cv2
+    import numpy as np
+    from mmdet.datasets import CocoDataset
+
+    from mmrobust.datasets.synthetic_coco import synthetic_coco_gt
+    gt = synthetic_coco_gt(n, 80, size=(480, 640), seed=0)
+    for cat, name in zip(gt['categories'], CocoDataset.METAINFO['classes']):
+        cat['name'] = name  # NOTE: mmdet's COCO configs map classes to ids by these names
+    os.makedirs(os.path.join(root, 'val2017'), exist_ok=True)
+    os.makedirs(os.path.join(root, 'annotations'), exist_ok=True)
+    rng = np.random.default_rng(0)
+    for img in gt['images']:
+        image = rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)
+        for ann in gt['annotations']:
+            if ann['image_id'] == img['id']:
+                poly = np.asarray(ann['segmentation'][0]).reshape(-1, 2).round().astype(np.int32)
+                cv2.fillPoly(image, [poly], tuple(int(c) for c in rng.integers(0, 256, 3)))
+        cv2.imwrite(os.path.join(root, 'val2017', img['file_name']), image)
+    with open(os.path.join(root, 'annotations', 'instances_val2017.json'), 'w') as f:
+        json.dump(gt, f)
+    return root
+
+
 def zoo_config(name: str, out: Path, data_root: str, ann_file: Optional[str] = None) -> Path:
     """The stock config ``name`` (``mmdet::...``) for the tiny set at ``data_root``, as a file."""
     from mmengine.config import Config

@@ -618,6 +618,7 @@ def test_query_based_detectors_give_the_attack_their_training_loss(config):
     init_default_scope('mmdet')
     torch.manual_seed(0)
     model = MODELS.build(cfg.model)
+    model.init_weights()  # NOTE: DINO's level embeddings are uninitialised memory until then
     # NOTE: DINO selects its 900 queries among the encoder's positions: enough of them
     data = model.data_preprocessor(demo_mm_inputs(1, [[3, 256, 320]], num_items=[3]), False)
     with adversarial.eval_mode(model):

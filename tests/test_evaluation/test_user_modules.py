@@ -163,11 +163,8 @@ def test_mmdets_mask2former_instance_config_runs_a_corruption_cell_unchanged(tmp
     On 0b79246 the pre-flight check refused the set (no panoptic folder, which ``CocoDataset``
     never opens), then ``Corrupt`` refused the float32 image.
     """
-    import sys
-
-    sys.path.insert(0, str(REPO / 'tools/analysis_tools'))
-    from benchmark_robustness_eval import make_set
-    root = make_set(str(tmp_path / 'coco'), 1)  # NOTE: COCO-80, instances only
+    from helpers.zoo import tiny_coco
+    root = tiny_coco(str(tmp_path / 'coco'), 1)  # NOTE: COCO-80, instances only
     config = tmp_path / 'mask2former_instance.py'
     config.write_text(textwrap.dedent(f'''\
         _base_ = ['mmdet::mask2former/mask2former_r50_8xb2-lsj-50e_coco.py']

@@ -10,7 +10,8 @@ import math
 
 import pytest
 
-from helpers import REPO, init_checkpoint, run_tool_in_process
+from helpers import init_checkpoint, run_tool_in_process
+from helpers.zoo import tiny_coco as make_tiny_coco
 from helpers.zoo import zoo_config
 
 DET = [
@@ -44,10 +45,7 @@ SEG = [
 @pytest.fixture(scope='module')
 def tiny_coco(tmp_path_factory) -> str:
     """A COCO-80 instance set of one 640x480 image (polygon masks)."""
-    import sys
-    sys.path.insert(0, str(REPO / 'tools/analysis_tools'))
-    from benchmark_robustness_eval import make_set
-    return make_set(str(tmp_path_factory.mktemp('tiny_coco')), 1)
+    return make_tiny_coco(str(tmp_path_factory.mktemp('tiny_coco')), 1)
 
 
 @pytest.mark.slow
