@@ -17,6 +17,7 @@ from ...models.utils import unwrap_model
 from ...utils.config_checks import leaf_datasets
 from ...utils.errors import UsageError
 from ..attack_families import ATTACK_FAMILIES, attack_families
+from ..attack_losses import is_segmentor
 from ..attack_report import attack_markdown, plot_attacks, write_attack_csv
 from ..attacks import (
     Attack,
@@ -79,7 +80,8 @@ class AttackKind(PerCellKind):
         its training loss reads the masks.
         """
         model = unwrap_model(run.runner.model)
-        if not _loss_reads_masks(model):
+        # NOTE: a segmentor's loss reads its label maps (mmseg's Mask2Former has a loss_mask)
+        if is_segmentor(model) or not _loss_reads_masks(model):
             return run.cfg
         cfg = copy.deepcopy(run.cfg)
         added = False
