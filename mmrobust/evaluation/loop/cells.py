@@ -71,9 +71,8 @@ def per_cell_cells(runner, cells: List[Cell], metric_cfgs: Callable[[Cell], Tupl
         yield cell, parts, loop.evaluator.metrics, loop.evaluator.dataset_meta, timing
 
 
-def _batch_size(item: Any) -> int:
-    """Samples in a batch of :meth:`~.overlapped.OverlappedTestLoop.batches`."""
-    batch = item[0] if isinstance(item, tuple) else item
+def _batch_size(batch: Any) -> int:
+    """Samples in a batch of :meth:`~.overlapped.OverlappedTestLoop.batches` (a data batch)."""
     return len(batch['inputs'])
 
 
