@@ -122,7 +122,7 @@ def test_mmdets_own_test_tool_gives_testloops_numbers_and_predictions(toy_data, 
     runs = {}
     for loop in ('TestLoop', 'mmrobust.OverlappedTestLoop'):
         out = tmp_path / f'{loop}.pkl'
-        log = run_cmd(['python', MMDET_TOOLS / 'test.py', DET, ckpt, '--work-dir',
+        log = run_cmd([sys.executable, MMDET_TOOLS / 'test.py', DET, ckpt, '--work-dir',
                        tmp_path / loop, '--out', out, '--cfg-options', f'test_cfg.type={loop}',
                        'test_dataloader.num_workers=0', 'test_dataloader.persistent_workers=False',
                        *extra])
@@ -152,7 +152,7 @@ def test_mmsegs_own_tools_validate_and_test_with_the_overlapped_loops(toy_data, 
     loaders = [f'{split}_dataloader.{key}' for split in ('train', 'val')
                for key in ('num_workers=0', 'persistent_workers=False')]
     # a training run validating with the overlapped loop: two iterations, then validation
-    train = run_cmd(['python', MMSEG_TOOLS / 'train.py', SEG, '--work-dir', work,
+    train = run_cmd([sys.executable, MMSEG_TOOLS / 'train.py', SEG, '--work-dir', work,
                      '--cfg-options', 'val_cfg.type=mmrobust.OverlappedValLoop',
                      f'load_from={ckpt}', 'train_cfg.max_iters=2', 'train_cfg.val_interval=2',
                      'default_hooks.checkpoint.interval=2', 'train_dataloader.batch_size=2',
@@ -162,7 +162,7 @@ def test_mmsegs_own_tools_validate_and_test_with_the_overlapped_loops(toy_data, 
     validated = _seg_metrics(train_log)
     numbers = {}
     for loop in ('TestLoop', 'mmrobust.OverlappedTestLoop'):
-        proc = run_cmd(['python', MMSEG_TOOLS / 'test.py', SEG, work / 'iter_2.pth',
+        proc = run_cmd([sys.executable, MMSEG_TOOLS / 'test.py', SEG, work / 'iter_2.pth',
                         '--work-dir', tmp_path / loop, '--cfg-options', f'test_cfg.type={loop}',
                         'test_dataloader.num_workers=0',
                         'test_dataloader.persistent_workers=False'])
