@@ -15,6 +15,7 @@ from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from mmengine.structures import PixelData
 
 from ..utils.errors import MMRobustError, UsageError
 from .attack_families import ATTACK_FAMILIES
@@ -57,6 +58,16 @@ def check_ground_truth(model: nn.Module, samples: Optional[Sequence]) -> None:
             'test_dataloader.dataset.pipeline')
 
 
+def _label_map_at(seg: PixelData, size: Tuple[int, int]) -> PixelData:
+    """A label map resized to ``size`` (nearest: labels stay labels), metainfo kept."""
+    out = PixelData(metainfo=seg.metainfo)
+    for key in seg.keys():
+        value = seg.get(key)
+        out.set_field(F.interpolate(value[None].float(), size=size, mode='nearest')[0]
+                      .to(value.dtype), key)
+    return out
+
+
 def gt_at_input_scale(samples: Sequence) -> List:
     """Detection samples with their ground truth rescaled to the input's scale.
 
@@ -81,6 +92,9 @@ def gt_at_input_scale(samples: Sequence) -> List:
                         boxes.rescale_((w_scale, h_scale))
                 if 'masks' in gt:
                     gt.masks = gt.masks.resize(tuple(sample.metainfo['img_shape'][:2]))
+            if 'gt_sem_seg' in sample:  # NOTE: a panoptic set's label map (stuff and things)
+                sample.gt_sem_seg = _label_map_at(sample.gt_sem_seg,
+                                                  tuple(sample.metainfo['img_shape'][:2]))
         out.append(sample)
     return out
 

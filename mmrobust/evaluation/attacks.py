@@ -51,7 +51,7 @@ from .cells import (
     attack_names,
     gt_at_file_scale,
 )
-from .evaluator_cfg import transform_names
+from .evaluator_cfg import annotation_steps, transform_names
 
 __all__ = ['ATTACKS', 'NORMS', 'Attack', 'AttackError', 'AttackLossError', 'AttackResult',
            'annotations_after_resize',
@@ -395,7 +395,7 @@ def check_attack_pipeline(cfg: Config) -> None:
     """Attacks ascend the training loss: the test pipeline must load the ground truth."""
     for dataset in leaf_datasets(cfg.test_dataloader['dataset']):
         kinds = transform_names(dataset.get('pipeline', []))
-        if not any(k.startswith('LoadAnnotations') for k in kinds):
+        if not annotation_steps(dataset.get('pipeline', [])):
             raise AttackError(
                 'the attacks ascend the model\'s training loss, which needs the ground truth, '
                 f'and the test pipeline does not load it: {kinds}. Add '

@@ -22,7 +22,7 @@ from ..utils.config_checks import leaf_datasets
 from ..utils.errors import InputNotFoundError
 from .attack_families import ATTACK_FAMILIES, NORMS
 from .cell_kinds import CLEAN, WORST, Cell
-from .evaluator_cfg import find_loading_step, transform_names
+from .evaluator_cfg import annotation_steps, find_loading_step, transform_names
 
 __all__ = ['ATTACKS', 'CLEAN', 'NORMS', 'SEGMENTATION_ONLY', 'WORST', 'Cell', 'CellSource',
            'annotations_after_resize', 'attack_names', 'cell_dataloader', 'check_stored_leaves',
@@ -47,7 +47,7 @@ def annotations_after_resize(pipeline: Sequence) -> bool:
     type names.
     """
     kinds = transform_names(pipeline)
-    loads = [i for i, k in enumerate(kinds) if k.startswith('LoadAnnotations')]
+    loads = annotation_steps(pipeline)
     resizes = [i for i, k in enumerate(kinds) if 'Resize' in k]
     return bool(loads and resizes and loads[0] > resizes[0])
 

@@ -19,15 +19,18 @@ from ..utils.config_checks import leaf_datasets
 from ..utils.errors import ConfigError, MMRobustError
 from .coco_metric import coco_backend
 
-__all__ = ['FILE_WRITING_METRICS', 'PER_IMAGE_METRICS', 'PipelineError', 'cell_metric_outputs',
+__all__ = ['ANNOTATION_LOADERS', 'FILE_WRITING_METRICS', 'PER_IMAGE_METRICS', 'PipelineError',
+           'annotation_steps', 'cell_metric_outputs',
            'find_loading_step', 'is_coco_metric', 'metric_entries', 'select_coco_backend',
            'side_file_metrics', 'transform_names', 'type_name', 'use_fast_iou', 'with_per_image',
            'without_backend', 'without_unread_gt_masks']
 
 #: mmdet's and mmrobust's COCO metrics, by type name
 COCO_METRICS = ('CocoMetric', 'RobustCocoMetric')
-#: Metrics that write files in ``process()`` (read back in ``compute_metrics``), by type name.
-FILE_WRITING_METRICS = ('CityscapesMetric', 'CityScapesMetric')
+#: Metrics that write files in ``process()`` (read back in ``compute_metrics``), by type name:
+#: mmseg's and mmdet's Cityscapes metrics, and mmdet's COCO panoptic metric (its PNGs; the
+#: folder derives from ``outfile_prefix`` when the metric is built, hence one per cell)
+FILE_WRITING_METRICS = ('CityscapesMetric', 'CityScapesMetric', 'CocoPanopticMetric')
 #: Metrics that keep per-image statistics when asked (``per_image=True``), by type name.
 PER_IMAGE_METRICS = ('RobustCocoMetric', 'FastIoUMetric')
 
@@ -210,6 +213,16 @@ class PipelineError(MMRobustError, ValueError):
 def transform_names(pipeline: Sequence) -> List[str]:
     """The type names of a pipeline's transforms (configs, classes or instances), unscoped."""
     return [type_name(step) for step in pipeline]
+
+
+#: The transforms that load ground truth, by type name: mmdet's / mmseg's ``LoadAnnotations`` and
+#: mmdet's ``LoadPanopticAnnotations`` (instances and the label map of a panoptic set)
+ANNOTATION_LOADERS = ('LoadAnnotations', 'LoadPanopticAnnotations')
+
+
+def annotation_steps(pipeline: Sequence) -> List[int]:
+    """Indices of a pipeline's ground-truth loading steps (:data:`ANNOTATION_LOADERS`)."""
+    return [i for i, kind in enumerate(transform_names(pipeline)) if kind in ANNOTATION_LOADERS]
 
 
 def find_loading_step(pipeline: List[Dict]) -> int:

@@ -26,6 +26,7 @@ from mmengine.logging import print_log
 from .cell_kinds import Cell, kind_of
 from .evaluator_cfg import FILE_WRITING_METRICS
 from .metric_worker import MetricWorker, MetricWorkerError, WorkerDiedError, compute_metrics
+from .metrics import is_main_metric
 from .per_image import StatsTarget, write_cell_stats
 from .predictions_file import (
     PredictionsPicklingError,
@@ -181,7 +182,7 @@ class MetricQueue:
         if path and osp.exists(path):
             os.remove(path)  # NOTE: only once the metrics are in the results file
         shown = ', '.join(f'{k}: {v:.4f}' for k, v in numeric(metrics).items()
-                          if k.endswith(('bbox_mAP', 'segm_mAP', 'mIoU')))
+                          if is_main_metric(k))
         print_log(f'{cell[0]} {cell[1]}: {shown or "recorded"} (metric {timing["metric_s"]} s, '
                   f'the loop waited {timing["wait_s"]} s)', logger='current')
 

@@ -11,7 +11,17 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..corruptions import CORRUPTIONS, PROTOCOL_CATEGORIES, Protocol
 from .cell_kinds import CLEAN, counts_in_mpc
 
-__all__ = ['CLEAN', 'Cells', 'mean_over_corruptions', 'robustness_summary']
+__all__ = ['CLEAN', 'Cells', 'MAIN_METRICS', 'is_main_metric', 'mean_over_corruptions',
+           'robustness_summary']
+
+#: The headline metrics (the last part of a metric's name), in the order tables show them:
+#: panoptic quality (mmdet's ``CocoPanopticMetric``), box / mask AP, mIoU, then the generic names.
+MAIN_METRICS = ('PQ', 'bbox_mAP', 'segm_mAP', 'mIoU', 'AP', 'mAP')
+
+
+def is_main_metric(name: str) -> bool:
+    """Whether a recorded metric (``coco_panoptic/PQ``, ``coco/bbox_mAP``, ``mIoU``) headlines."""
+    return name.split('/')[-1] in MAIN_METRICS
 
 #: Results cells: {corruption: {severity: {metric: value}}}, the clean set as {'clean': {0: ...}}.
 Cells = Mapping[str, Mapping[int, Mapping[str, float]]]

@@ -12,14 +12,11 @@ import numpy as np
 
 from ..corruptions import BENCHMARK_CORRUPTIONS, Protocol
 from ..datasets.shift_sets import SHIFT_MEANS
-from .metrics import robustness_summary
+from .metrics import MAIN_METRICS, robustness_summary
 from .results import corruption_cells
 
 __all__ = ['Extras', 'Interval', 'MAIN_METRICS', 'build_extras', 'entries_by', 'main_metrics',
            'summarize']
-
-# metrics shown by default, in this order, when present
-MAIN_METRICS = ('bbox_mAP', 'segm_mAP', 'mIoU', 'AP', 'mAP')
 
 
 def _protocol_of(results: Mapping) -> Optional[Protocol]:
@@ -283,7 +280,7 @@ def entries_by(entries: Sequence[Tuple[str, str, Mapping]], label: str) -> Mappi
 
 
 def main_metrics(summaries: Mapping[str, Dict]) -> List[str]:
-    """The headline metrics present (box/mask AP, mIoU), else every metric."""
+    """The headline metrics present (:data:`~.metrics.MAIN_METRICS`), else every metric."""
     names: List[str] = []
     for summary in summaries.values():
         names += [n for n in summary['metrics'] if n not in names]

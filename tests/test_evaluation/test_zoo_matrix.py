@@ -2,7 +2,8 @@
 
 Each case is the installed package's own config (random initialisation, no download; the tiny
 COCO-80 or Cityscapes set, one image, a smaller test scale: ``helpers.zoo``) with one corruption
-cell and one FGSM cell in one run. The architectures the robustness guide lists as covered.
+cell and one FGSM cell in one run. The architectures the robustness guide lists as covered. The
+panoptic configs score PQ with mmdet's ``CocoPanopticMetric`` (``test_panoptic.py``: its numbers).
 mmdet's Mask2Former instance config runs unchanged in ``test_user_modules.py``.
 """
 import json
@@ -11,8 +12,7 @@ import math
 import pytest
 
 from helpers import init_checkpoint, run_tool_in_process
-from helpers.zoo import tiny_coco as make_tiny_coco
-from helpers.zoo import zoo_config
+from helpers.zoo import tiny_coco_panoptic, zoo_config
 
 DET = [
     'faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py',  # two-stage
@@ -28,6 +28,8 @@ DET = [
     'dino/dino-4scale_r50_8xb2-12e_coco.py',
     'solov2/solov2_r50_fpn_1x_coco.py',  # masks without boxes
     'condinst/condinst_r50_fpn_ms-poly-90k_coco_instance.py',
+    'mask2former/mask2former_r50_8xb2-lsj-50e_coco-panoptic.py',  # panoptic
+    'panoptic_fpn/panoptic-fpn_r50_fpn_1x_coco.py',
 ]
 SEG = [
     'segformer/segformer_mit-b0_8xb1-160k_cityscapes-1024x1024.py',
@@ -44,8 +46,8 @@ SEG = [
 
 @pytest.fixture(scope='module')
 def tiny_coco(tmp_path_factory) -> str:
-    """A COCO-80 instance set of one 640x480 image (polygon masks)."""
-    return make_tiny_coco(str(tmp_path_factory.mktemp('tiny_coco')), 1)
+    """A COCO-80 instance set of one 640x480 image (polygon masks), and its panoptic annotations."""
+    return tiny_coco_panoptic(str(tmp_path_factory.mktemp('tiny_coco')), 1)
 
 
 @pytest.mark.slow
@@ -67,7 +69,9 @@ def test_a_stock_config_runs_a_corruption_and_an_attack_cell(name, toy_data, tin
     assert set(cells) == {'clean', 'fog', 'fgsm_linf'}
     for by_level in cells.values():
         scores = next(iter(by_level.values()))
-        # mIoU, or box / mask AP (SOLOv2 predicts masks only)
-        assert any(k == 'mIoU' if seg else k in ('coco/bbox_mAP', 'coco/segm_mAP')
-                   for k in scores), scores
+        # mIoU, or box / mask AP (SOLOv2 predicts masks only), or PQ
+        assert any(k == 'mIoU' if seg else k in ('coco/bbox_mAP', 'coco/segm_mAP',
+                                                 'coco_panoptic/PQ') for k in scores), scores
+        if 'panoptic' in name:
+            assert 'coco_panoptic/PQ' in scores, scores
         assert all(math.isfinite(v) for v in scores.values() if isinstance(v, float))
