@@ -4,6 +4,7 @@ The helpers are the package ``helpers`` (``from helpers import run_tool``); the 
 limits, watchdog, no process left behind) is its plugin ``helpers.harness``.
 """
 import fcntl
+import os
 from pathlib import Path
 from typing import Dict
 
@@ -12,7 +13,8 @@ import pytest
 # the helpers' assertions (assert_user_error, ...) report as the tests' own do
 pytest.register_assert_rewrite('helpers')
 
-from helpers import DEMO_DET_CFG, REPO, run_tool  # noqa: E402
+from helpers import DEMO_DET_CFG, REPO, run_tool, shared  # noqa: E402
+from helpers.shared import build_once  # noqa: E402
 
 pytest_plugins = ('helpers.harness',)
 
@@ -33,6 +35,18 @@ def toy_data() -> Dict[str, Path]:
     return roots
 
 
+@pytest.fixture(scope='session', autouse=True)
+def shared_folder(tmp_path_factory) -> Path:
+    """The folder this run's pytest-xdist workers share (:mod:`helpers.shared`).
+
+    In the run's base temporary folder, which pytest removes with its old runs.
+    """
+    base = tmp_path_factory.getbasetemp()
+    # NOTE: a worker's base is <run>/popen-gwN; the run's folder is common to all workers
+    shared.SHARED_DIR = (base.parent if os.environ.get('PYTEST_XDIST_WORKER') else base) / 'shared'
+    return shared.SHARED_DIR
+
+
 @pytest.fixture
 def in_repo(monkeypatch) -> Path:
     """Run the test from the repository root, where configs resolve ``data/...``."""
@@ -41,25 +55,28 @@ def in_repo(monkeypatch) -> Path:
 
 
 @pytest.fixture(scope='session')
-def trained_toy_detector(toy_data, tmp_path_factory) -> Path:
+def trained_toy_detector(toy_data, shared_folder) -> Path:
     """The README demo's run: the toy FAN-T-Hybrid Mask R-CNN trained 300 iterations from scratch.
 
     ~4 min, once.
 
     Returns its work dir (``iter_300.pth``, logs). Shared by the demo-learns test and the
-    robustness-evaluation tests, which need a model that actually detects something.
+    robustness-evaluation tests, which need a model that actually detects something: trained
+    once per run, by the first worker that asks (the others wait on its lock:
+    :func:`helpers.shared.build_once`).
     """
     from helpers import harness  # NOTE: here, not above: the plugin is imported by pytest first
 
-    # whatever happens next, the next user does not train
+    # whatever happens next, the next user in this process does not train
     harness.STARTED.add('trained_toy_detector')
-    work = tmp_path_factory.mktemp('demo') / 'learn'
-    # NOTE: 250-410 s on the 2-core machines measured; the limit allows a machine ~6x slower
-    run_tool('train.py', DEMO_DET_CFG, '--work-dir', work,
-             '--cfg-options', 'train_dataloader.num_workers=0',
-             'train_dataloader.persistent_workers=False', 'val_dataloader.num_workers=0',
-             'val_dataloader.persistent_workers=False', timeout=2400)
-    return work
+
+    def train(work: Path) -> None:
+        # NOTE: 250-410 s on the 2-core machines measured; the limit allows a machine ~6x slower
+        run_tool('train.py', DEMO_DET_CFG, '--work-dir', work,
+                 '--cfg-options', 'train_dataloader.num_workers=0',
+                 'train_dataloader.persistent_workers=False', 'val_dataloader.num_workers=0',
+                 'val_dataloader.persistent_workers=False', timeout=2400)
+    return build_once('trained_toy_detector', train)
 
 
 # What CI runs on the floor stack (torch 2.1 + mmcv 2.1.0, ``tools/setup_env.sh --stack

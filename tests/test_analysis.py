@@ -13,7 +13,7 @@ from mmrobust.analysis import (
     patch_mask,
 )
 
-from helpers import DEMO_DET_CFG, run_tool
+from helpers import DEMO_DET_CFG, run_tool_here
 
 
 @pytest.mark.parametrize('h,w,u,v', [(32, 32, 0, 0), (32, 32, 3, -5), (31, 45, 7, 2),
@@ -83,8 +83,8 @@ def test_fourier_and_masking_tools_on_the_toy_detector(trained_toy_detector, tmp
               '--cfg-options', 'test_dataloader.num_workers=0',
               'test_dataloader.persistent_workers=False']
     out = tmp_path / 'fourier'
-    run_tool('analysis_tools/perturbation_analysis.py', 'fourier', *common, '--grid', '3',
-             '--eps', '20', '--out-dir', out)
+    run_tool_here('analysis_tools/perturbation_analysis.py', 'fourier', *common, '--grid', '3',
+                  '--eps', '20', '--out-dir', out)
     data = json.loads((out / 'fourier.json').read_text())
     assert set(data['settings']) == {'clean'} | {f'fourier:{u},{v}' for u, v in frequency_grid(3)}
     assert (out / 'fourier.png').is_file()
@@ -95,18 +95,16 @@ def test_fourier_and_masking_tools_on_the_toy_detector(trained_toy_detector, tmp
     drop = clean - data['settings']['fourier:1,0']['coco/bbox_mAP']
     np.testing.assert_allclose(matrix[2, 1], drop)
     # a rerun resumes: nothing is evaluated again
-    proc = run_tool('analysis_tools/perturbation_analysis.py', 'fourier', *common, '--grid', '3',
-                    '--eps', '20', '--out-dir', out)
+    tool = 'analysis_tools/perturbation_analysis.py'
+    proc = run_tool_here(tool, 'fourier', *common, '--grid', '3', '--eps', '20', '--out-dir', out)
     assert 'Iter(test)' not in proc.stdout + proc.stderr
     assert json.loads((out / 'fourier.json').read_text()) == data
     # another grid is another study: refused, not mixed
-    proc = run_tool('analysis_tools/perturbation_analysis.py', 'fourier', *common, '--grid', '5',
-                    '--out-dir', out, check=False)
+    proc = run_tool_here(tool, 'fourier', *common, '--grid', '5', '--out-dir', out, check=False)
     assert proc.returncode != 0 and 'another study' in proc.stderr
 
     masked = tmp_path / 'masking'
-    run_tool('analysis_tools/perturbation_analysis.py', 'masking', *common, '--ratios', '0', '1',
-             '--out-dir', masked)
+    run_tool_here(tool, 'masking', *common, '--ratios', '0', '1', '--out-dir', masked)
     settings = json.loads((masked / 'masking.json').read_text())['settings']
     assert settings['mask:0'] == settings['clean']
     assert settings['mask:1']['coco/bbox_mAP'] < settings['clean']['coco/bbox_mAP']

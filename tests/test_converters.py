@@ -20,7 +20,7 @@ from mmrobust.apis.convert import convert_checkpoint
 from mmrobust.models.backbones.efficientnet_lite import EfficientNetLite, checkpoint_filter_fn
 from mmrobust.models.checkpoint import CheckpointMismatchError, load_state_dict_strict
 
-from helpers import REPO, run_tool
+from helpers import REPO, run_tool_here
 
 KEYS = REPO / 'tests' / 'data' / 'efficientnet_keys'
 
@@ -290,14 +290,14 @@ def test_converter_cli_and_efficientdet_lite0_trains_from_its_output(tmp_path, t
     src, dst = tmp_path / 'tf_efficientnet_lite0.pth', tmp_path / 'efficientnet-lite0_in1k.pth'
     timm = _timm_state()
     torch.save(timm, src)
-    proc = run_tool('model_converters/convert_backbone.py', src, dst,
-                    '--family', 'efficientnet-lite')
+    proc = run_tool_here('model_converters/convert_backbone.py', src, dst,
+                         '--family', 'efficientnet-lite')
     assert '288 tensors converted' in proc.stdout
     assert 'dropped 2 keys: classifier.bias, classifier.weight (ImageNet classifier' in \
         proc.stdout
     assert 'conv_head.weight' in proc.stdout
-    proc = run_tool('model_converters/convert_backbone.py', src, tmp_path / 'x.pth',
-                    '--family', 'fan-hybrid', '--arch', 'tiny', check=False)
+    proc = run_tool_here('model_converters/convert_backbone.py', src, tmp_path / 'x.pth',
+                         '--family', 'fan-hybrid', '--arch', 'tiny', check=False)
     assert proc.returncode == 1 and 'missing keys' in proc.stderr
     assert 'unexpected keys (296)' in proc.stderr and not (tmp_path / 'x.pth').exists()
 
@@ -306,10 +306,10 @@ def test_converter_cli_and_efficientdet_lite0_trains_from_its_output(tmp_path, t
     cfg.write_text(f'_base_ = [{toy!r}]\nmodel = dict(backbone=dict(init_cfg=dict(\n'
                    f"    _delete_=True, type='Pretrained', checkpoint={str(dst)!r})))\n")
     work = tmp_path / 'work'
-    run_tool('train.py', cfg, '--work-dir', work, '--cfg-options', 'train_cfg.max_iters=2',
-             'train_cfg.val_begin=1000', 'default_hooks.checkpoint.interval=2',
-             'default_hooks.logger.interval=1', 'train_dataloader.batch_size=2',
-             'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False')
+    run_tool_here('train.py', cfg, '--work-dir', work, '--cfg-options', 'train_cfg.max_iters=2',
+                  'train_cfg.val_begin=1000', 'default_hooks.checkpoint.interval=2',
+                  'default_hooks.logger.interval=1', 'train_dataloader.batch_size=2',
+                  'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False')
     log = next(work.rglob('*.log')).read_text()
     assert f'EfficientNetLite: loaded all 288 tensors from {dst}' in log
     assert 'dropped' not in log  # the converted file holds the backbone's tensors only

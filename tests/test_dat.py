@@ -16,7 +16,7 @@ from mmrobust.models import VQGAN
 from mmrobust.models.data_preprocessors import PixelSpace, valid_mask
 from mmrobust.utils import safe_load
 
-from helpers import REPO, free_port, run_cmd, run_ranks, run_tool
+from helpers import REPO, free_port, run_cmd, run_ranks, run_tool_here
 from helpers.cpu_sync_bn import SyncBatchNorm
 
 DET_DAT = 'configs/toy/mask-rcnn_fan-t-hybrid_fpn_dat_toy-coco.py'
@@ -458,9 +458,9 @@ def _dat_log_lines(log: str) -> list:
 @pytest.mark.slow
 def test_detector_trains_with_dat_and_resumes(toy_data, tmp_path):
     work = tmp_path / 'dat'
-    proc = run_tool('train.py', R18_DAT, '--work-dir', work, *_short(2, ckpt=1))
+    proc = run_tool_here('train.py', R18_DAT, '--work-dir', work, *_short(2, ckpt=1))
     assert len(_dat_log_lines(proc.stdout + proc.stderr)) == 2
-    proc = run_tool('train.py', R18_DAT, '--work-dir', work, '--resume', *_short(3, ckpt=1))
+    proc = run_tool_here('train.py', R18_DAT, '--work-dir', work, '--resume', *_short(3, ckpt=1))
     assert safe_load(str(work / 'iter_3.pth'))['meta']['iter'] == 3
     assert len(_dat_log_lines(proc.stdout + proc.stderr)) == 1
     # the checkpoint holds the detector only (the tokenizer is the hook's, not the model's)
@@ -479,8 +479,8 @@ def _small_crops(config: str, size: int) -> list:
 def test_segmentor_trains_with_dat_under_amp(toy_data, tmp_path):
     # NOTE: 64 px crops: on CPUs without native bfloat16 (AVX2) every bf16 convolution is
     # emulated, and the 256 px step took three minutes
-    proc = run_tool('train.py', SEG_DAT, '--work-dir', tmp_path, '--amp', *_short(2),
-                    *_small_crops(SEG_DAT, 64))
+    proc = run_tool_here('train.py', SEG_DAT, '--work-dir', tmp_path, '--amp', *_short(2),
+                         *_small_crops(SEG_DAT, 64))
     log = proc.stdout + proc.stderr
     assert "type='CPUAmpOptimWrapper'" in log and len(_dat_log_lines(log)) == 2
 

@@ -10,7 +10,7 @@ import re
 import pytest
 from mmengine.config import Config
 
-from helpers import REPO, run_tool
+from helpers import REPO, run_tool_here
 
 CASCADES = {v: f'configs/fan/cascade-mask-rcnn_fan-{v}-hybrid_fpn_ms-3x_coco.py'
             for v in ('t', 's', 'b', 'l')}
@@ -94,7 +94,7 @@ def test_a_cascade_recipe_trains_on_the_toy_set(toy_data, tmp_path, in_repo):
     work = tmp_path / 'work'
     root = toy_data['toy_coco']
     classes = "('circle','square','triangle','star','hexagon')"
-    proc = run_tool(
+    proc = run_tool_here(
         'train.py', CASCADES['t'], '--work-dir', work, '--cfg-options',
         'model.backbone.init_cfg=None', f'train_dataloader.dataset.data_root={root}/',
         f'val_dataloader.dataset.data_root={root}/', f'test_dataloader.dataset.data_root={root}/',

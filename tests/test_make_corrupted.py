@@ -18,7 +18,7 @@ from mmrobust.corruptions import corrupt, derive_seed
 from mmrobust.corruptions.generate import MANIFEST, read_image
 from mmrobust.utils.errors import ConfigError
 
-from helpers import REPO, assert_user_error, run_tool, run_tool_in_process
+from helpers import REPO, assert_user_error, run_tool_here, run_tool_in_process
 
 CELLS = ['--corruptions', 'gaussian_noise', 'glass_blur', 'zoom_blur', '--severities', '2', '5']
 
@@ -32,9 +32,9 @@ def tree(root: Path) -> dict:
 @pytest.mark.slow
 def test_toy_coco_c_is_deterministic_complete_and_loadable(toy_data, tmp_path):
     one, two = tmp_path / 'w1', tmp_path / 'w2'
-    run_tool('make_corrupted.py', toy_data['toy_coco'], one, *CELLS, '--workers', '1')
-    run_tool('make_corrupted.py', toy_data['toy_coco'], two, *CELLS, '--workers', '2',
-             '--no-progress')
+    run_tool_here('make_corrupted.py', toy_data['toy_coco'], one, *CELLS, '--workers', '1')
+    run_tool_here('make_corrupted.py', toy_data['toy_coco'], two, *CELLS, '--workers', '2',
+                  '--no-progress')
     assert tree(one) == tree(two), 'the result depends on the worker count'
 
     manifest = json.loads((one / MANIFEST).read_text())
@@ -71,8 +71,9 @@ def test_toy_coco_c_is_deterministic_complete_and_loadable(toy_data, tmp_path):
 @pytest.mark.slow
 def test_toy_cityscapes_c_keeps_png_and_labels(toy_data, tmp_path):
     out = tmp_path / 'cs'
-    run_tool('make_corrupted.py', toy_data['toy_cityscapes'], out, '--protocol', 'cityscapes_c',
-             '--corruptions', 'fog', 'speckle_noise', '--workers', '2', '--no-progress')
+    run_tool_here('make_corrupted.py', toy_data['toy_cityscapes'], out, '--protocol',
+                  'cityscapes_c', '--corruptions', 'fog', 'speckle_noise', '--workers', '2',
+                  '--no-progress')
     assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, 'fog', 'speckle_noise'])
     assert sorted(p.name for p in (out / 'speckle_noise').iterdir()) == ['1', '2', '3']
     src_imgs = sorted((toy_data['toy_cityscapes'] / 'leftImg8bit' / 'val').rglob('*.png'))
@@ -119,7 +120,7 @@ def test_interrupted_run_resumes_to_the_same_result(toy_data, tmp_path):
     # the settings went down first, so the folder is guarded; the run is marked unfinished
     assert json.loads((tmp_path / 'run' / MANIFEST).read_text())['in_progress'] is True
 
-    rerun = run_tool(*[str(a) for a in args[1:]])
+    rerun = run_tool_here(*[str(a) for a in args[1:]])
     assert 'already there' in rerun.stdout
     manifest = json.loads((tmp_path / 'run' / MANIFEST).read_text())
     assert manifest['counts']['skipped_existing'] >= len(partial) - 1
@@ -128,7 +129,7 @@ def test_interrupted_run_resumes_to_the_same_result(toy_data, tmp_path):
     assert not [p for p in (tmp_path / 'run').rglob('*') if '.mmrobust-tmp-' in p.name]
 
     fresh = tmp_path / 'fresh'
-    run_tool(*[str(a) for a in args[1:3]], fresh, *[str(a) for a in args[4:]])
+    run_tool_here(*[str(a) for a in args[1:3]], fresh, *[str(a) for a in args[4:]])
     assert tree(tmp_path / 'run') == tree(fresh)
 
 
@@ -151,9 +152,9 @@ def test_every_bad_source_is_listed_and_every_good_one_corrupted(toy_data, tmp_p
     Image.fromarray(rng.integers(0, 255, (24, 32, 3), np.uint8)).convert('P').save(
         src / 'palette.png')
 
-    proc = run_tool('make_corrupted.py', src.parent, tmp_path / 'out', '--corruptions',
-                    'contrast', 'gaussian_noise', '--severities', '1', '3', '--workers', '2',
-                    '--no-progress', check=False)
+    proc = run_tool_here('make_corrupted.py', src.parent, tmp_path / 'out', '--corruptions',
+                         'contrast', 'gaussian_noise', '--severities', '1', '3', '--workers', '2',
+                         '--no-progress', check=False)
     assert proc.returncode == 1, proc.stderr[-3000:]
     manifest = json.loads((tmp_path / 'out' / MANIFEST).read_text())
     failed = {Path(k).name: v for k, v in manifest['failed'].items()}
@@ -180,10 +181,10 @@ def test_every_bad_source_is_listed_and_every_good_one_corrupted(toy_data, tmp_p
 
 @pytest.mark.slow
 def test_missing_source_is_explained(tmp_path):
-    proc = run_tool('make_corrupted.py', tmp_path / 'nope', tmp_path / 'out', check=False)
+    proc = run_tool_here('make_corrupted.py', tmp_path / 'nope', tmp_path / 'out', check=False)
     assert_user_error(proc.returncode, proc.stderr, 1, 'nope does not exist')
-    proc = run_tool('make_corrupted.py', tmp_path, tmp_path / 'out', '--protocol', 'coco',
-                    check=False)
+    proc = run_tool_here('make_corrupted.py', tmp_path, tmp_path / 'out', '--protocol', 'coco',
+                         check=False)
     assert_user_error(proc.returncode, proc.stderr, 2, 'Valid protocols: benchmark')
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from mmrobust.utils import safe_load
 
-from helpers import REPO, assert_user_error, free_port, run_cmd, run_tool
+from helpers import REPO, assert_user_error, free_port, run_cmd, run_tool, run_tool_here
 
 DET_CFG = 'configs/toy/mask-rcnn_r18_fpn_toy-coco.py'
 SEG_CFG = 'configs/toy/segformer_mit-b0_toy-cityscapes.py'
@@ -36,24 +36,24 @@ def _scalars(work_dir: Path) -> list:
 @pytest.mark.slow
 def test_detection_train_test_and_resume(toy_data, tmp_path):
     work = tmp_path / 'det'
-    run_tool('train.py', DET_CFG, '--work-dir', work, *_short(4, ckpt_interval=2))
+    run_tool_here('train.py', DET_CFG, '--work-dir', work, *_short(4, ckpt_interval=2))
     assert (work / 'iter_4.pth').is_file() and (work / 'last_checkpoint').is_file()
     records = _scalars(work)
     assert any('coco/bbox_mAP' in r for r in records) and any('coco/segm_mAP' in r for r in records)
 
     # resume (auto: latest checkpoint of the work dir) continues the iteration count
     # (no validation this time: the first run validated)
-    proc = run_tool('train.py', DET_CFG, '--work-dir', work, '--resume',
-                    *_short(6, 2, validate=False))
+    proc = run_tool_here('train.py', DET_CFG, '--work-dir', work, '--resume',
+                         *_short(6, 2, validate=False))
     ckpt = safe_load(str(work / 'iter_6.pth'))
     assert ckpt['meta']['iter'] == 6
     iters = [r['iter'] for r in _scalars(work) if 'loss' in r]
     assert iters[-2:] == [5, 6] and 'resumed' in (proc.stdout + proc.stderr).lower()
 
     preds = tmp_path / 'preds.pkl'
-    proc = run_tool('test.py', DET_CFG, work / 'iter_6.pth', '--work-dir', tmp_path / 'test',
-                    '--out', preds, '--cfg-options',
-                    'test_dataloader.num_workers=0', 'test_dataloader.persistent_workers=False')
+    proc = run_tool_here('test.py', DET_CFG, work / 'iter_6.pth', '--work-dir', tmp_path / 'test',
+                         '--out', preds, '--cfg-options', 'test_dataloader.num_workers=0',
+                         'test_dataloader.persistent_workers=False')
     assert 'coco/bbox_mAP' in proc.stdout + proc.stderr
     with open(preds, 'rb') as f:
         results = pickle.load(f)
@@ -65,7 +65,7 @@ def test_detection_train_test_and_resume(toy_data, tmp_path):
                                     'configs/toy/segformer_fan-t-hybrid_toy-cityscapes.py'])
 def test_fan_toy_configs_train(config, toy_data, tmp_path):
     work = tmp_path / 'fan'
-    proc = run_tool('train.py', config, '--work-dir', work, *_short(2))
+    proc = run_tool_here('train.py', config, '--work-dir', work, *_short(2))
     # the frozen class-token path: one summary line, not one warning per parameter
     assert 'is skipped since its requires_grad=False' not in proc.stdout + proc.stderr
     assert '27 frozen parameters are left out of the optimizer: backbone.cls_token' in \
@@ -78,12 +78,12 @@ def test_fan_toy_configs_train(config, toy_data, tmp_path):
 @pytest.mark.slow
 def test_segmentation_train_and_test(toy_data, tmp_path):
     work = tmp_path / 'seg'
-    run_tool('train.py', SEG_CFG, '--work-dir', work, *_short(4))
+    run_tool_here('train.py', SEG_CFG, '--work-dir', work, *_short(4))
     assert any('mIoU' in r for r in _scalars(work))
     out_dir = tmp_path / 'pred_maps'
-    proc = run_tool('test.py', SEG_CFG, work / 'iter_4.pth', '--work-dir', tmp_path / 'test',
-                    '--out', out_dir, '--cfg-options', 'test_dataloader.num_workers=0',
-                    'test_dataloader.persistent_workers=False')
+    proc = run_tool_here('test.py', SEG_CFG, work / 'iter_4.pth', '--work-dir', tmp_path / 'test',
+                         '--out', out_dir, '--cfg-options', 'test_dataloader.num_workers=0',
+                         'test_dataloader.persistent_workers=False')
     assert 'mIoU' in proc.stdout + proc.stderr
     assert len(list(out_dir.rglob('*.png'))) == 8
 
@@ -91,7 +91,7 @@ def test_segmentation_train_and_test(toy_data, tmp_path):
 @pytest.mark.slow
 def test_amp_on_cpu_trains_in_bfloat16(toy_data, tmp_path):
     work = tmp_path / 'amp'
-    proc = run_tool('train.py', SEG_CFG, '--work-dir', work, '--amp', *_short(2))
+    proc = run_tool_here('train.py', SEG_CFG, '--work-dir', work, '--amp', *_short(2))
     assert "type='CPUAmpOptimWrapper'" in proc.stdout + proc.stderr
     assert safe_load(str(work / 'iter_2.pth'))['meta']['iter'] == 2
 
@@ -140,14 +140,14 @@ def test_slurm_scripts_call_srun_with_the_tools(tmp_path):
                                        ('data/coco_nowhere/', 'data/README.md')])
 @pytest.mark.slow
 def test_missing_dataset_names_path_and_fix(root, hint, tmp_path):
-    proc = run_tool('train.py', DET_CFG, '--work-dir', tmp_path,
-                    '--cfg-options', f'train_dataloader.dataset.data_root={root}', check=False)
+    proc = run_tool_here('train.py', DET_CFG, '--work-dir', tmp_path,
+                         '--cfg-options', f'train_dataloader.dataset.data_root={root}', check=False)
     assert_user_error(proc.returncode, proc.stderr, 1, root, hint)
 
 
 @pytest.mark.slow
 def test_test_tool_rejects_missing_checkpoint(tmp_path):
-    proc = run_tool('test.py', DET_CFG, tmp_path / 'nope.pth', check=False)
+    proc = run_tool_here('test.py', DET_CFG, tmp_path / 'nope.pth', check=False)
     assert_user_error(proc.returncode, proc.stderr, 1, 'nope.pth', 'does not exist')
 
 
@@ -203,8 +203,8 @@ def test_flop_counter_counts_fused_cpu_attention():
 
 @pytest.mark.slow
 def test_backbone_benchmark_prints_ratios_to_the_baselines():
-    proc = run_tool('analysis_tools/benchmark_backbones.py', '--models', 'fan_hybrid_tiny',
-                    '--size', '64', '--iters', '1', '--warmup', '0')
+    proc = run_tool_here('analysis_tools/benchmark_backbones.py', '--models', 'fan_hybrid_tiny',
+                         '--size', '64', '--iters', '1', '--warmup', '0')
     rows = {line.split('|')[1].strip(): [c.strip() for c in line.split('|')[2:-1]]
             for line in proc.stdout.splitlines() if line.startswith('| ') and '---' not in line}
     assert set(rows) == {'model', 'swin_t', 'resnet50', 'fan_hybrid_tiny'}

@@ -26,7 +26,7 @@ from helpers import (
     free_port,
     run_cmd,
     run_ranks,
-    run_tool,
+    run_tool_here,
     run_tool_in_process,
 )
 from helpers.cpu_sync_bn import convert_to_cpu_sync_bn
@@ -65,8 +65,8 @@ def test_train_vq_runs_resumes_like_an_uninterrupted_run_and_loads(toy_data, tmp
     into VQGAN strictly, and into the DAT hook through init_cfg.
     """
     straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
-    proc = run_tool('train_vq.py', CONFIG, '--work-dir', straight, '--cfg-options', *SMALL,
-                    *_iters(4))
+    proc = run_tool_here('train_vq.py', CONFIG, '--work-dir', straight, '--cfg-options', *SMALL,
+                         *_iters(4))
     result = json.loads((straight / 'eval.json').read_text())
     assert result['iters'] == 4
     assert 1 <= result['used_codes'] <= 32 and 1 <= result['perplexity'] <= 32
@@ -74,10 +74,10 @@ def test_train_vq_runs_resumes_like_an_uninterrupted_run_and_loads(toy_data, tmp
     assert (straight / 'previews' / 'iter_000002.png').is_file()
     assert 'window_perplexity' in proc.stdout + proc.stderr and 'vq/psnr' in proc.stdout
 
-    run_tool('train.py', CONFIG, '--work-dir', resumed, '--cfg-options', *SMALL, *_iters(4),
-             'train_cfg.max_iters=2')
-    proc = run_tool('train_vq.py', CONFIG, '--work-dir', resumed, '--resume', '--cfg-options',
-                    *SMALL, *_iters(4))
+    run_tool_here('train.py', CONFIG, '--work-dir', resumed, '--cfg-options', *SMALL, *_iters(4),
+                  'train_cfg.max_iters=2')
+    proc = run_tool_here('train_vq.py', CONFIG, '--work-dir', resumed, '--resume', '--cfg-options',
+                         *SMALL, *_iters(4))
     assert 'resumed' in (proc.stdout + proc.stderr).lower()
     a = torch.load(straight / 'tokenizer.pth', weights_only=True)
     b = torch.load(resumed / 'tokenizer.pth', weights_only=True)

@@ -12,9 +12,10 @@ from .tools import (
     robustness_runner,
     run_cmd,
     run_tool,
+    run_tool_here,
     run_tool_in_process,
 )
 
 __all__ = ['ALL_CONFIGS', 'CONFIGS', 'DEMO_DET_CFG', 'REPO', 'TOKENIZER_CONFIGS',
            'assert_user_error', 'config_id', 'free_port', 'init_checkpoint', 'run_cmd',
-           'run_ranks', 'run_tool', 'run_tool_in_process', 'robustness_runner']
+           'run_ranks', 'run_tool', 'run_tool_here', 'run_tool_in_process', 'robustness_runner']

@@ -4,9 +4,11 @@ In a subprocess (with the output shown on a failure and a safety-net time limit)
 own process, and what a user error looks like.
 """
 import contextlib
+import hashlib
 import io
 import os
 import runpy
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,7 @@ from unittest import mock
 import pytest
 
 from .paths import REPO
+from .shared import build_once
 
 
 def run_cmd(args, timeout: float = 600, env: Optional[Dict[str, str]] = None,
@@ -77,6 +80,61 @@ def run_tool_in_process(tool: str, *args) -> Tuple[int, str, str]:
     return exit_.value.code, out.getvalue(), err.getvalue()
 
 
+def _manager_classes() -> list:
+    from mmengine.utils import ManagerMixin
+    found, todo = [], [ManagerMixin]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return [cls for cls in found if '_instance_dict' in vars(cls)]
+
+
+@contextlib.contextmanager
+def _fresh_global_instances():
+    """mmengine's global instances (visualizer, logger, message hub, scope) as a new process has.
+
+    mmengine returns an existing instance of the same name: a second run in one process would
+    write its scalars into the first run's visualizer, hence into the first run's folder. The
+    test's own instances are back afterwards.
+    """
+    saved = {cls: cls._instance_dict for cls in _manager_classes()}
+    for cls in saved:
+        cls._instance_dict = type(saved[cls])()
+    try:
+        yield
+    finally:
+        for cls, instances in saved.items():
+            cls._instance_dict = instances
+
+
+def run_tool_here(tool: str, *args, env: Optional[Dict[str, str]] = None,
+                  check: bool = True) -> subprocess.CompletedProcess:
+    """``tools/TOOL ARGS`` in this process, with :func:`run_tool`'s result and keywords.
+
+    For end-to-end tests that run tools several times: each subprocess spends seconds importing
+    torch, mmdet and mmseg (``tools/analysis_tools/suite_durations.py`` shows where the suite's
+    time goes). From the repository root, ``env`` over this process's environment, the exit status,
+    stdout and stderr as a ``CompletedProcess``; with ``check`` a non-zero status fails the test
+    with the output. Tests of the process itself (signals, kills, launchers, start-up, imports of a
+    user's module) keep :func:`run_tool`.
+    """
+    cwd = os.getcwd()
+    try:
+        os.chdir(REPO)
+        with mock.patch.dict(os.environ, env or {}), _fresh_global_instances():
+            status, out, err = run_tool_in_process(tool, *args)
+    finally:
+        os.chdir(cwd)
+    if isinstance(status, str):  # NOTE: SystemExit(message): Python prints it, exit status 1
+        err, status = f'{err}{status}\n', 1
+    status = status or 0
+    if check and status != 0:
+        pytest.fail(f'command failed ({status}): {tool} {" ".join(map(str, args))}\n'
+                    f'--- stdout ---\n{out[-6000:]}\n--- stderr ---\n{err[-6000:]}')
+    return subprocess.CompletedProcess([tool, *map(str, args)], status, out, err)
+
+
 def assert_user_error(status: int, stderr: str, code: int, *texts: str) -> str:
     """A user error as the tools report it (mmrobust.utils.errors.run_tool).
 
@@ -112,8 +170,7 @@ def robustness_runner(config: str, work_dir: str, checkpoint: Optional[str] = No
     return runner, cfg
 
 
-def init_checkpoint(config: str, path) -> Path:
-    """A checkpoint of a repository config's freshly initialised model (seeded; no training)."""
+def _build_init_checkpoint(config: str, path: Path) -> None:
     import torch
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
@@ -125,5 +182,18 @@ def init_checkpoint(config: str, path) -> Path:
     torch.manual_seed(0)
     model = registry.MODELS.build(cfg.model)
     model.init_weights()
-    torch.save({'state_dict': model.state_dict(), 'meta': {}}, path)
+    with open(path, 'wb') as f:
+        torch.save({'state_dict': model.state_dict(), 'meta': {}}, f)
+
+
+def init_checkpoint(config: str, path) -> Path:
+    """A checkpoint of a repository config's freshly initialised model (seeded; no training).
+
+    Built once per run for every worker (:func:`~.shared.build_once`; the same seed gives the
+    same weights) and copied to ``path``, which the test may change.
+    """
+    key = hashlib.sha256(str((REPO / config).resolve()).encode()).hexdigest()[:16]
+    built = build_once(f'init-{Path(config).stem}-{key}.pth',
+                       lambda part: _build_init_checkpoint(config, part))
+    shutil.copyfile(built, path)
     return Path(path)

@@ -383,9 +383,9 @@ def test_test_data_without_ground_truth_says_which_step_to_add(toy_data):
 
 
 def test_cost_benchmark_prints_the_ratio_to_a_clean_cell(toy_data, in_repo):
-    from helpers import run_tool
-    proc = run_tool('analysis_tools/benchmark_attacks.py', '--images', '1', '--rounds', '1',
-                    '--steps', '1')
+    from helpers import run_tool_here
+    proc = run_tool_here('analysis_tools/benchmark_attacks.py', '--images', '1', '--rounds', '1',
+                         '--steps', '1')
     assert '| clean |' in proc.stdout and '| pgd_linf (1 step) |' in proc.stdout
     assert 'x (' in proc.stdout and 'load average' in proc.stdout
 

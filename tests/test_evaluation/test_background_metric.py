@@ -5,6 +5,7 @@ module.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -216,7 +217,10 @@ def test_killed_run_and_dead_worker_resume_without_inference(toy_data, tmp_path,
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail('the run waits on a dead metric worker')
     assert proc.returncode != 0
-    assert 'the metric worker died while computing the metrics of cell clean 0' in err
+    # NOTE: killed as it starts, the worker may die before the run hands it the first cell (seen
+    # once in 2 full-suite runs on a loaded machine): either way the message names that cell
+    assert re.search(r'the metric worker died (while computing the metrics of|before it took) '
+                     r'cell clean 0', err), err[-3000:]
     assert 'Rerun the same command' in err and str(saved[0]) in err
     assert 'Traceback' not in err and 'error: the metric worker died' in err  # a message
     assert all(p.is_file() for p in saved)

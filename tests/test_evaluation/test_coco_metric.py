@@ -26,7 +26,7 @@ from mmrobust.evaluation.coco_metric import (
     coco_backend,
 )
 
-from helpers import run_tool
+from helpers import run_tool_here
 
 FAST = ('faster-coco-eval', 'mmdet-mp')
 
@@ -185,10 +185,10 @@ def test_backend_records_its_version():
 def test_backends_equal_pycocotools_on_the_trained_toy_detector(trained_toy_detector, toy_data,
                                                                 tmp_path):
     preds = tmp_path / 'preds.pkl'
-    run_tool('test.py', 'configs/toy/mask-rcnn_fan-t-hybrid_fpn_toy-coco.py',
-             trained_toy_detector / 'iter_300.pth', '--work-dir', tmp_path / 'test', '--out',
-             preds, '--cfg-options', 'test_dataloader.num_workers=0',
-             'test_dataloader.persistent_workers=False')
+    run_tool_here('test.py', 'configs/toy/mask-rcnn_fan-t-hybrid_fpn_toy-coco.py',
+                  trained_toy_detector / 'iter_300.pth', '--work-dir', tmp_path / 'test', '--out',
+                  preds, '--cfg-options', 'test_dataloader.num_workers=0',
+                  'test_dataloader.persistent_workers=False')
     with open(preds, 'rb') as f:
         dumped = pickle.load(f)
     gt_file = str(toy_data['toy_coco'] / 'annotations' / 'instances_val2017.json')
@@ -232,8 +232,8 @@ def test_robustness_runs_choose_the_backend_of_every_coco_metric():
 
 
 def test_metric_benchmark_prints_ratios_and_checks_equality(tmp_path):
-    proc = run_tool('analysis_tools/benchmark_coco_metric.py', '--n', '12', '--per-image', '20',
-                    '--rounds', '1', '--backends', 'faster-coco-eval', '--device', 'cpu')
+    proc = run_tool_here('analysis_tools/benchmark_coco_metric.py', '--n', '12', '--per-image',
+                         '20', '--rounds', '1', '--backends', 'faster-coco-eval', '--device', 'cpu')
     out = proc.stdout
     assert '| backend | s per cell (1 rounds) | ms per image | pycocotools / backend |' in out
     rows = [line for line in out.splitlines() if line.startswith('| faster-coco-eval ')]

@@ -16,7 +16,7 @@ import pytest
 from test_background_metric import _start, _wait_for
 from test_robustness import SEG_CFG, _cells, _init_checkpoint
 
-from helpers import REPO, assert_user_error, run_tool, run_tool_in_process
+from helpers import REPO, assert_user_error, run_tool_here, run_tool_in_process
 from helpers.harness import descendants
 
 MASK_RCNN = 'configs/toy/mask-rcnn_r18_fpn_toy-coco.py'
@@ -131,7 +131,8 @@ def test_a_run_killed_mid_cell_resumes_at_once_to_an_uninterrupted_runs_numbers(
     ckpt = _init_checkpoint(MASK_RCNN, tmp_path / 'mask.pth')
     config = _mask_rcnn_with_masks_read(tmp_path)
     whole = tmp_path / 'whole.json'
-    out = run_tool('test_robustness.py', *_mask_rcnn_args(config, ckpt, whole, tmp_path / 'w0'))
+    out = run_tool_here('test_robustness.py',
+                        *_mask_rcnn_args(config, ckpt, whole, tmp_path / 'w0'))
     assert 'ground-truth masks of the corruption and shift cells: decoded' in \
         out.stdout + out.stderr
     results = tmp_path / 'killed.json'
@@ -248,9 +249,10 @@ def test_mmsegs_cityscapes_metric_reads_its_files_with_the_default_queue(toy_dat
     cells = {}
     for queue in ('2', '0'):
         results = tmp_path / f'q{queue}.json'
-        out = run_tool('test_robustness.py', SEG_CFG, ckpt, '--corruptions', 'fog',
-                       '--severities', '2', '--results', results, '--metric-queue', queue,
-                       '--work-dir', tmp_path / f'w{queue}', *options(str(tmp_path / f'cs{queue}')))
+        out = run_tool_here('test_robustness.py', SEG_CFG, ckpt, '--corruptions', 'fog',
+                            '--severities', '2', '--results', results, '--metric-queue', queue,
+                            '--work-dir', tmp_path / f'w{queue}',
+                            *options(str(tmp_path / f'cs{queue}')))
         cells[queue] = _cells(results)
         if queue != '0':
             assert 'computed in this process right after its inference' in out.stdout + out.stderr
@@ -258,8 +260,8 @@ def test_mmsegs_cityscapes_metric_reads_its_files_with_the_default_queue(toy_dat
     assert cells['2'] == cells['0']
     score = cells['2']['clean']['0']['averageScoreCategories']
     assert score == score and score > 0  # not NaN: the files were read
-    plain = run_tool('test.py', SEG_CFG, ckpt, '--work-dir', tmp_path / 'plain',
-                     *options(str(tmp_path / 'cs_plain')))
+    plain = run_tool_here('test.py', SEG_CFG, ckpt, '--work-dir', tmp_path / 'plain',
+                          *options(str(tmp_path / 'cs_plain')))
     logged = float(re.findall(r'averageScoreCategories: ([0-9.]+)',
                               plain.stdout + plain.stderr)[-1])
     assert logged == pytest.approx(score, abs=6e-5)
@@ -302,9 +304,9 @@ def test_mmdets_cityscapes_metric_keeps_its_files_with_the_default_queue(toy_dat
     cells = {}
     for queue in ('2', '0'):
         results = tmp_path / f'q{queue}.json'
-        run_tool('test_robustness.py', config, ckpt, '--corruptions', 'fog', '--severities', '2',
-                 '--results', results, '--metric-queue', queue, '--work-dir',
-                 tmp_path / f'w{queue}', *options)
+        run_tool_here('test_robustness.py', config, ckpt, '--corruptions', 'fog', '--severities',
+                      '2', '--results', results, '--metric-queue', queue, '--work-dir',
+                      tmp_path / f'w{queue}', *options)
         cells[queue] = _cells(results)
     assert cells['2'] == cells['0']
     clean = cells['2']['clean']['0']
@@ -314,7 +316,7 @@ def test_mmdets_cityscapes_metric_keeps_its_files_with_the_default_queue(toy_dat
     written = sorted(p.name for p in (tmp_path / 'cityscapes_metric_fog_2' / 'results').glob(
         '*_pred.txt'))
     assert len(written) == 3, written
-    plain = run_tool('test.py', config, ckpt, '--work-dir', tmp_path / 'plain', *options)
+    plain = run_tool_here('test.py', config, ckpt, '--work-dir', tmp_path / 'plain', *options)
     for key in ('cityscapes/mAP', 'coco/bbox_mAP', 'coco/segm_mAP'):
         logged = float(re.findall(re.escape(key) + r': ([0-9.]+)', plain.stdout + plain.stderr)[-1])
         assert logged == pytest.approx(clean[key], abs=6e-5), key
@@ -390,10 +392,10 @@ def test_a_config_with_a_failed_optional_import_runs_with_the_worker(toy_data, t
     config.write_text(f"_base_ = ['{REPO / SEG_CFG}']\ncustom_imports = dict(imports=["
                       "'mmrobust', 'mmrobust_no_such_module'], allow_failed_imports=True)\n")
     results = tmp_path / 'r.json'
-    out = run_tool('test_robustness.py', config, ckpt, '--corruptions', 'fog', '--severities',
-                   '2', '--results', results, '--work-dir', tmp_path / 'w', '--cfg-options',
-                   'test_dataloader.num_workers=1', 'test_dataloader.persistent_workers=False',
-                   'test_dataloader.dataset.indices=2')
+    out = run_tool_here('test_robustness.py', config, ckpt, '--corruptions', 'fog', '--severities',
+                        '2', '--results', results, '--work-dir', tmp_path / 'w', '--cfg-options',
+                        'test_dataloader.num_workers=1', 'test_dataloader.persistent_workers=False',
+                        'test_dataloader.dataset.indices=2')
     assert sorted(_cells(results)) == ['clean', 'fog']
     assert "'mmrobust_no_such_module' failed (No module named" in \
         out.stdout + out.stderr
@@ -424,10 +426,10 @@ def test_a_rerun_with_nothing_to_do_keeps_the_inferring_runs_loader_and_time(toy
     args = [SEG_CFG, ckpt, '--corruptions', 'fog', '--severities', '2', '--results', results,
             '--work-dir', tmp_path / 'w', '--cfg-options', 'test_dataloader.num_workers=1',
             'test_dataloader.persistent_workers=False', 'test_dataloader.dataset.indices=2']
-    run_tool('test_robustness.py', *args)
+    run_tool_here('test_robustness.py', *args)
     first = json.loads(results.read_text())
     assert first['time']['wall_s'] > 0 and first['loader'] == 'one-pass'
-    out = run_tool('test_robustness.py', *args[:-4], '--per-cell-loaders', *args[-4:])
+    out = run_tool_here('test_robustness.py', *args[:-4], '--per-cell-loaders', *args[-4:])
     again = json.loads(results.read_text())
     assert again['time'] == first['time'] and again['loader'] == first['loader']
     assert again['cells'] == first['cells']

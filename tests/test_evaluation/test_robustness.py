@@ -34,6 +34,7 @@ from helpers import (
     init_checkpoint,
     run_cmd,
     run_tool,
+    run_tool_here,
     run_tool_in_process,
 )
 
@@ -200,9 +201,9 @@ def _same_predictions(a: Path, b: Path) -> bool:
 def test_detector_on_the_fly_stored_resume_and_report(toy_data, trained_toy_detector, tmp_path):
     ckpt = trained_toy_detector / 'iter_300.pth'
     fly = tmp_path / 'fly.json'
-    proc = run_tool('test_robustness.py', DET_CFG, ckpt, *CELLS, '--results', fly,
-                    '--work-dir', tmp_path / 'w1', '--save-predictions', tmp_path / 'pred_fly',
-                    *DET_OPTIONS)
+    proc = run_tool_here('test_robustness.py', DET_CFG, ckpt, *CELLS, '--results', fly,
+                         '--work-dir', tmp_path / 'w1', '--save-predictions', tmp_path / 'pred_fly',
+                         *DET_OPTIONS)
     assert 'P_clean' in proc.stdout and 'coco/segm_mAP' in proc.stdout
     # one command gives the results, the table and the plots
     # (in the results file's own folder: two results files in one folder keep their plots)
@@ -232,12 +233,12 @@ def test_detector_on_the_fly_stored_resume_and_report(toy_data, trained_toy_dete
         'clean_0.pkl', 'fog_1.pkl', 'fog_4.pkl', 'gaussian_noise_1.pkl', 'gaussian_noise_4.pkl']
 
     # stored: the same cells written by make_corrupted.py (lossless) give the same numbers
-    run_tool('make_corrupted.py', toy_data['toy_coco'], tmp_path / 'coco-c', *CELLS,
-             '--lossless', '--workers', '2', '--no-progress')
+    run_tool_here('make_corrupted.py', toy_data['toy_coco'], tmp_path / 'coco-c', *CELLS,
+                  '--lossless', '--workers', '2', '--no-progress')
     stored = tmp_path / 'stored.json'
-    run_tool('test_robustness.py', DET_CFG, ckpt, *CELLS, '--results', stored, '--work-dir',
-             tmp_path / 'w2', '--corrupted-root', tmp_path / 'coco-c', '--save-predictions',
-             tmp_path / 'pred_stored', *DET_OPTIONS)
+    run_tool_here('test_robustness.py', DET_CFG, ckpt, *CELLS, '--results', stored, '--work-dir',
+                  tmp_path / 'w2', '--corrupted-root', tmp_path / 'coco-c', '--save-predictions',
+                  tmp_path / 'pred_stored', *DET_OPTIONS)
     assert _cells(stored) == _cells(fly)
     assert _same_predictions(tmp_path / 'pred_fly' / 'fog_4.pkl',
                              tmp_path / 'pred_stored' / 'fog_4.pkl')
@@ -248,8 +249,8 @@ def test_detector_on_the_fly_stored_resume_and_report(toy_data, trained_toy_dete
     kept_timing = copy.deepcopy(interrupted['timing'])
     del kept_timing['fog']['4'], kept_timing['gaussian_noise']
     fly.write_text(json.dumps(interrupted))
-    proc = run_tool('test_robustness.py', DET_CFG, ckpt, *CELLS, '--results', fly,
-                    '--work-dir', tmp_path / 'w3', *DET_OPTIONS)
+    proc = run_tool_here('test_robustness.py', DET_CFG, ckpt, *CELLS, '--results', fly,
+                         '--work-dir', tmp_path / 'w3', *DET_OPTIONS)
     # one progress line (not a terminal) counted the 3 missing cells' 12 images only
     assert 'custom: 36/36 images (100%)' in proc.stderr
     resumed = json.loads(fly.read_text())
@@ -259,14 +260,14 @@ def test_detector_on_the_fly_stored_resume_and_report(toy_data, trained_toy_dete
             assert resumed['timing'][corruption][severity] == timing  # not recomputed
 
     # another seed is another corrupted set: refused, not mixed in
-    proc = run_tool('test_robustness.py', DET_CFG, ckpt, *CELLS, '--results', fly, '--seed',
-                    '1', '--work-dir', tmp_path / 'w4', *DET_OPTIONS, check=False)
+    proc = run_tool_here('test_robustness.py', DET_CFG, ckpt, *CELLS, '--results', fly, '--seed',
+                         '1', '--work-dir', tmp_path / 'w4', *DET_OPTIONS, check=False)
     assert proc.returncode != 0 and 'delete the file to start fresh' in proc.stderr
 
     # report: table, CSV and plots, two "models" side by side
     out = tmp_path / 'report'
-    proc = run_tool('robustness_report.py', fly, stored, '--labels', 'on-the-fly', 'stored',
-                    '--out-dir', out)
+    proc = run_tool_here('robustness_report.py', fly, stored, '--labels', 'on-the-fly', 'stored',
+                         '--out-dir', out)
     assert '| on-the-fly | coco/bbox_mAP |' in proc.stdout and 'rPC %' in proc.stdout
     assert {p.name for p in out.iterdir()} == {
         'cells.csv', 'summary.csv', 'paired.csv', 'per_corruption_coco_bbox_mAP.png',
@@ -295,13 +296,13 @@ def test_segmentor_on_the_fly_equals_stored(toy_data, tmp_path):
     ckpt = _init_checkpoint(SEG_CFG, tmp_path / 'seg.pth')
     cells = ['--corruptions', 'speckle_noise', 'snow', '--severities', '2']
     fly, stored = tmp_path / 'fly.json', tmp_path / 'stored.json'
-    run_tool('test_robustness.py', SEG_CFG, ckpt, *cells, '--results', fly, '--work-dir',
-             tmp_path / 'w1', '--save-predictions', tmp_path / 'p1', *NO_WORKERS)
-    run_tool('make_corrupted.py', toy_data['toy_cityscapes'], tmp_path / 'cs-c', *cells,
-             '--workers', '2', '--no-progress')
-    run_tool('test_robustness.py', SEG_CFG, ckpt, *cells, '--results', stored, '--work-dir',
-             tmp_path / 'w2', '--corrupted-root', tmp_path / 'cs-c', '--save-predictions',
-             tmp_path / 'p2', '--metric-queue', '0', '--per-cell-loaders', *NO_WORKERS)
+    run_tool_here('test_robustness.py', SEG_CFG, ckpt, *cells, '--results', fly, '--work-dir',
+                  tmp_path / 'w1', '--save-predictions', tmp_path / 'p1', *NO_WORKERS)
+    run_tool_here('make_corrupted.py', toy_data['toy_cityscapes'], tmp_path / 'cs-c', *cells,
+                  '--workers', '2', '--no-progress')
+    run_tool_here('test_robustness.py', SEG_CFG, ckpt, *cells, '--results', stored, '--work-dir',
+                  tmp_path / 'w2', '--corrupted-root', tmp_path / 'cs-c', '--save-predictions',
+                  tmp_path / 'p2', '--metric-queue', '0', '--per-cell-loaders', *NO_WORKERS)
     # on the fly, one dataloader, background metrics = stored, a dataloader per cell, serial
     assert _cells(fly) == _cells(stored)
     assert set(_cells(fly)['snow']['2']) >= {'mIoU', 'mAcc', 'aAcc'}
@@ -316,8 +317,8 @@ def test_segmentor_on_the_fly_equals_stored(toy_data, tmp_path):
         assert all(i.startswith('leftImg8bit/val/') for i in stats.images), stats.images[:2]
         clean = stats.scores(('clean', 0), np.ones((1, 8)))['mIoU'][0]
         assert abs(clean - _cells(path)['clean']['0']['mIoU']) <= 0.005 + 1e-9
-    proc = run_tool('robustness_report.py', fly, stored, '--labels', 'fly', 'stored',
-                    '--out-dir', tmp_path / 'rep')
+    proc = run_tool_here('robustness_report.py', fly, stored, '--labels', 'fly', 'stored',
+                         '--out-dir', tmp_path / 'rep')
     assert '| stored | fly | mIoU | mPC | 0.000 | [0.000, 0.000] |' in proc.stdout
 
 
@@ -330,8 +331,8 @@ def test_two_processes_match_one(toy_data, trained_toy_detector, tmp_path):
     ckpt = trained_toy_detector / 'iter_300.pth'
     cells = ['--corruptions', 'contrast', '--severities', '5']
     single = tmp_path / 'one.json'  # the loop before the one-pass loader and the background
-    run_tool('test_robustness.py', DET_CFG, ckpt, *cells, '--results', single, '--work-dir',
-             tmp_path / 'w1', '--metric-queue', '0', '--per-cell-loaders', *DET_OPTIONS)
+    run_tool_here('test_robustness.py', DET_CFG, ckpt, *cells, '--results', single, '--work-dir',
+                  tmp_path / 'w1', '--metric-queue', '0', '--per-cell-loaders', *DET_OPTIONS)
     double = tmp_path / 'two.json'
     run_cmd(['bash', REPO / 'tools/dist_test.sh', DET_CFG, ckpt, '2', *cells, '--results',
              double, '--work-dir', tmp_path / 'w2', *DET_OPTIONS],
@@ -351,7 +352,7 @@ def test_mmdet_results_pickle_is_read_safely(tmp_path):
     assert results['cells']['clean'] == {0: {'coco/bbox_mAP': 0.4}}  # severities as integers
     m = robustness_summary(results['cells'])['metrics']['coco/bbox_mAP']
     assert m['mPC'] == pytest.approx(0.325) and m['rPC'] == pytest.approx(0.8125)
-    proc = run_tool('robustness_report.py', path, '--out-dir', tmp_path / 'rep')
+    proc = run_tool_here('robustness_report.py', path, '--out-dir', tmp_path / 'rep')
     assert '| old_results | coco/bbox_mAP | 0.400 | 0.325 | 81.250 |' in proc.stdout
 
     class Payload:
@@ -467,7 +468,7 @@ def test_a_predictions_dump_points_at_the_metrics_file(tmp_path):
         'scores': np.zeros(3, np.float32)}}]))
     with pytest.raises(ValueError, match=r'x_results\.pkl: pass that file \(not found'):
         load_results(str(dump))
-    proc = run_tool('robustness_report.py', dump, check=False)
+    proc = run_tool_here('robustness_report.py', dump, check=False)
     assert proc.returncode != 0 and 'x_results.pkl' in proc.stderr
 
 
@@ -532,11 +533,11 @@ def test_second_robustness_run_on_one_results_file_is_refused(toy_data, tmp_path
 
 @pytest.mark.slow
 def test_errors_name_the_valid_choices(tmp_path):
-    proc = run_tool('test_robustness.py', DET_CFG, tmp_path / 'x.pth', '--corruptions',
-                    'blurry', check=False)
+    proc = run_tool_here('test_robustness.py', DET_CFG, tmp_path / 'x.pth', '--corruptions',
+                         'blurry', check=False)
     assert_user_error(proc.returncode, proc.stderr, 2, 'Valid corruptions: gaussian_noise')
-    proc = run_tool('test_robustness.py', DET_CFG, tmp_path / 'x.pth', '--coco-backend', 'fast',
-                    check=False)
+    proc = run_tool_here('test_robustness.py', DET_CFG, tmp_path / 'x.pth', '--coco-backend',
+                         'fast', check=False)
     assert proc.returncode == 2 and "invalid choice: 'fast'" in proc.stderr
     assert all(name in proc.stderr for name in COCO_BACKENDS)
     # the same functions stop the tool (in-process: no need for two more start-ups)
@@ -563,8 +564,8 @@ def test_attack_cells_beside_corruptions_report_and_two_processes(toy_data, tmp_
     """
     ckpt = _init_checkpoint(SEG_CFG, tmp_path / 'seg.pth')
     results = tmp_path / 'r.json'
-    proc = run_tool('test_robustness.py', SEG_CFG, ckpt, *ATTACK_CELLS, '--results', results,
-                    '--work-dir', tmp_path / 'w', *SEG_FEW)
+    proc = run_tool_here('test_robustness.py', SEG_CFG, ckpt, *ATTACK_CELLS, '--results', results,
+                         '--work-dir', tmp_path / 'w', *SEG_FEW)
     data = json.loads(results.read_text())
     assert data['attacks']['pgd_linf']['epsilons'] == [0.0, 8 / 255]
     assert data['attacks']['pgd_linf']['settings']['steps'] == 2
@@ -646,14 +647,14 @@ def test_detector_attack_cells_run_and_resume(toy_data, tmp_path):
     args = [DET_CFG, ckpt, '--attacks', 'pgd_linf', '--epsilons', '0', '4/255',
             '--attack-steps', '1', '--results', results, '--work-dir', tmp_path / 'w',
             *NO_WORKERS, 'test_dataloader.dataset.indices=2']
-    proc = run_tool('test_robustness.py', *args)
+    proc = run_tool_here('test_robustness.py', *args)
     cells = _cells(results)
     assert set(cells) == {'clean', 'pgd_linf'} and set(cells['pgd_linf']) == {'1', '2'}
     assert cells['pgd_linf']['1'] == cells['clean']['0']
     assert 'coco/bbox_mAP under attack' in proc.stdout
     assert (tmp_path / 'det_report' / 'adversarial_coco_bbox_mAP.png').is_file()
     before = results.read_text()
-    run_tool('test_robustness.py', *args)
+    run_tool_here('test_robustness.py', *args)
     assert json.loads(results.read_text())['timing'] == json.loads(before)['timing']
     # other budgets or steps on the same file: refused (before, the file was relabelled with
     # the new settings and kept the old numbers)

@@ -15,7 +15,7 @@ from mmrobust.evaluation.results import (
 )
 from mmrobust.evaluation.shards import ShardError, merge_results, parse_shard, shard_cells
 
-from helpers import REPO, run_tool
+from helpers import REPO, run_tool_here
 
 
 def test_shards_are_disjoint_balanced_and_cover_the_protocol():
@@ -224,11 +224,11 @@ def test_two_shards_merged_equal_one_run(toy_data, trained_toy_detector, tmp_pat
     ckpt = trained_toy_detector / 'iter_300.pth'
     cells = ['--corruptions', 'contrast', 'fog', '--severities', '5']
     whole = tmp_path / 'whole.json'
-    run_tool('test_robustness.py', DET_CFG, ckpt, *cells, '--results', whole, '--work-dir',
-             tmp_path / 'w0', *DET_OPTIONS)
+    run_tool_here('test_robustness.py', DET_CFG, ckpt, *cells, '--results', whole, '--work-dir',
+                  tmp_path / 'w0', *DET_OPTIONS)
     for index in (0, 1):  # the default results names, in one work dir
-        proc = run_tool('test_robustness.py', DET_CFG, ckpt, *cells, '--shard', f'{index}/2',
-                        '--work-dir', tmp_path / 'w', *DET_OPTIONS)
+        proc = run_tool_here('test_robustness.py', DET_CFG, ckpt, *cells, '--shard', f'{index}/2',
+                             '--work-dir', tmp_path / 'w', *DET_OPTIONS)
         assert f'shard {index}/2: once every shard is done' in proc.stdout
     shards = sorted((tmp_path / 'w').glob('robustness_custom_shard*of2.json'))
     assert [p.name for p in shards] == ['robustness_custom_shard0of2.json',
@@ -238,7 +238,7 @@ def test_two_shards_merged_equal_one_run(toy_data, trained_toy_detector, tmp_pat
     assert json.loads(shards[1].read_text())['shard'] == {'index': 1, 'count': 2}
 
     merged = tmp_path / 'merged.json'
-    proc = run_tool('robustness_report.py', 'merge', *shards, '--out', merged)
+    proc = run_tool_here('robustness_report.py', 'merge', *shards, '--out', merged)
     assert 'merged 2 shards: 3 cells' in proc.stdout and 'P_clean' in proc.stdout
     assert _cells(merged) == _cells(whole)  # cell by cell
     # it resumes like the unsharded run: same identity, every cell done
@@ -250,8 +250,8 @@ def test_two_shards_merged_equal_one_run(toy_data, trained_toy_detector, tmp_pat
     other = json.loads(shards[1].read_text())
     other['seed'] = 3
     (tmp_path / 'other.json').write_text(json.dumps(other))
-    proc = run_tool('robustness_report.py', 'merge', shards[0], tmp_path / 'other.json',
-                    '--out', tmp_path / 'x.json', check=False)
+    proc = run_tool_here('robustness_report.py', 'merge', shards[0], tmp_path / 'other.json',
+                         '--out', tmp_path / 'x.json', check=False)
     assert proc.returncode == 1 and 'seed:' in proc.stderr and 'other.json 3' in proc.stderr
     assert not (tmp_path / 'x.json').exists()
 
@@ -268,8 +268,8 @@ def test_a_killed_shard_resumes_like_an_unsharded_run(toy_data, tmp_path):
     ckpt = _init_checkpoint(SEG_CFG, tmp_path / 'seg.pth')
     cells = ['--corruptions', 'snow', 'fog', '--severities', '2']
     whole = tmp_path / 'whole.json'
-    run_tool('test_robustness.py', SEG_CFG, ckpt, *cells, '--results', whole, '--work-dir',
-             tmp_path / 'w0', '--metric-queue', '0', *NO_WORKERS)
+    run_tool_here('test_robustness.py', SEG_CFG, ckpt, *cells, '--results', whole, '--work-dir',
+                  tmp_path / 'w0', '--metric-queue', '0', *NO_WORKERS)
     shard = tmp_path / 'shard0.json'
     args = [SEG_CFG, ckpt, *cells, '--shard', '0/2', '--results', shard, '--work-dir',
             tmp_path / 'w1', *NO_WORKERS]
@@ -278,7 +278,7 @@ def test_a_killed_shard_resumes_like_an_unsharded_run(toy_data, tmp_path):
     _wait_for(lambda: len(list(saved.glob('*.pkl'))) == 2, proc, 'the shard\'s 2 cells saved')
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
-    run_tool('test_robustness.py', *args)  # resumes: the metrics from the saved predictions
+    run_tool_here('test_robustness.py', *args)  # resumes: the metrics from the saved predictions
     data = json.loads(shard.read_text())
     assert sorted(data['cells']) == ['clean', 'fog']
     assert all(t['resumed_from_predictions'] for by in data['timing'].values()

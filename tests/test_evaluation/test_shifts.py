@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from helpers import REPO, assert_user_error, run_tool, run_tool_in_process
+from helpers import DEMO_DET_CFG, REPO, assert_user_error, run_tool_here, run_tool_in_process
 
 SEG_CFG = 'configs/toy/segformer_mit-b0_toy-cityscapes.py'
 TOY_ROOTS = {'acdc': 'toy_acdc', 'foggy_cityscapes': 'toy_foggy_cityscapes',
@@ -145,8 +145,8 @@ def test_shift_cells_beside_corruption_cells_one_file_one_report(toy_data, tmp_p
     assert status == 0 and 'custom: 0/0 images' in err
     assert json.loads(results.read_text())['cells'] == data['cells']
     # the report tool: the shift cells with intervals over their own images
-    proc = run_tool('robustness_report.py', results, '--out-dir', tmp_path / 'rep',
-                    '--bootstrap', '50')
+    proc = run_tool_here('robustness_report.py', results, '--out-dir', tmp_path / 'rep',
+                         '--bootstrap', '50')
     assert re.search(r'\| acdc_fog 1 \| ACDC fog, val \| mIoU \| [0-9.]+ \[[0-9.]+, [0-9.]+\]',
                      proc.stdout), proc.stdout
     # tools/test.py on the config pointed at ACDC fog by hand gives the same mIoU
@@ -172,12 +172,12 @@ def test_detector_with_coco_o_cells(toy_data, trained_toy_detector, tmp_path):
     """
     ckpt = trained_toy_detector / 'iter_300.pth'
     results = tmp_path / 'det.json'
-    proc = run_tool('test_robustness.py', 'configs/toy/mask-rcnn_fan-t-hybrid_fpn_toy-coco.py',
-                    ckpt, '--corruptions', 'gaussian_noise', '--severities', '1',
-                    '--shifts', 'coco_o', *_root_args(toy_data), '--results', results,
-                    '--work-dir', tmp_path / 'w', '--cfg-options',
-                    'test_dataloader.num_workers=1', 'test_dataloader.persistent_workers=False',
-                    'test_dataloader.dataset.indices=6')
+    proc = run_tool_here('test_robustness.py', DEMO_DET_CFG, ckpt, '--corruptions',
+                         'gaussian_noise', '--severities', '1', '--shifts', 'coco_o',
+                         *_root_args(toy_data), '--results', results, '--work-dir', tmp_path / 'w',
+                         '--cfg-options', 'test_dataloader.num_workers=1',
+                         'test_dataloader.persistent_workers=False',
+                         'test_dataloader.dataset.indices=6')
     data = json.loads(results.read_text())
     domains = [f'coco_o_{d}' for d in ('sketch', 'weather', 'cartoon', 'painting', 'tattoo',
                                        'handmake')]

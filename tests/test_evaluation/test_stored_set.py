@@ -22,7 +22,13 @@ from mmrobust.corruptions.stored import (
     stored_settings,
 )
 
-from helpers import DEMO_DET_CFG, REPO, assert_user_error, run_tool, run_tool_in_process
+from helpers import (
+    DEMO_DET_CFG,
+    REPO,
+    assert_user_error,
+    run_tool_here,
+    run_tool_in_process,
+)
 
 
 def _manifest(root: Path, **changes) -> None:
@@ -149,13 +155,13 @@ def test_the_results_record_the_sets_own_seed(toy_data, tmp_path):
     from test_robustness import NO_WORKERS, _init_checkpoint
     ckpt = _init_checkpoint(DEMO_DET_CFG, tmp_path / 'det.pth')
     root = tmp_path / 'c'
-    run_tool('make_corrupted.py', toy_data['toy_coco'], root, '--corruptions', 'fog',
-             '--severities', '3', '--seed', '3', '--lossless', '--no-progress')
+    run_tool_here('make_corrupted.py', toy_data['toy_coco'], root, '--corruptions', 'fog',
+                  '--severities', '3', '--seed', '3', '--lossless', '--no-progress')
     results = tmp_path / 'r.json'
     args = [DEMO_DET_CFG, ckpt, '--corruptions', 'fog', '--severities', '3', '--corrupted-root',
             root, '--results', results, '--work-dir', tmp_path / 'w', *NO_WORKERS,
             'test_dataloader.dataset.indices=2']
-    run_tool('test_robustness.py', *args)
+    run_tool_here('test_robustness.py', *args)
     data = json.loads(results.read_text())
     assert data['seed'] == 3 and data['stored_set']['seed'] == 3
     assert data['stored_set']['lossless'] is True and data['corrupted_root'] == str(root)
