@@ -110,6 +110,11 @@ def _run(args, cwd, timeout=900):
     return proc
 
 
+# what the installed tools are tested on: 4 of the toy set's 24 validation images (the install,
+# not the model, is under test)
+FEW_IMAGES = ('--cfg-options', 'test_dataloader.dataset.indices=4')
+
+
 @pytest.mark.slow
 def test_the_wheel_carries_configs_and_tools_and_mim_trains_and_evaluates(toy_data, tmp_path):
     """``pip install`` of the built wheel (not -e) into a fresh venv of this stack, then mim.
@@ -150,13 +155,13 @@ def test_the_wheel_carries_configs_and_tools_and_mim_trains_and_evaluates(toy_da
     assert 'NOT the checkout' not in train.stderr, train.stderr
     run = _run([*mim, 'run', 'mmrobust', 'test_robustness', 'w/mask-rcnn_r18_fpn_toy-coco.py',
                 'w/iter_2.pth', '--corruptions', 'gaussian_noise', '--severities', '1',
-                '--results', 'r/results.json', '--work-dir', 'r/w'], cwd=work)
+                '--results', 'r/results.json', '--work-dir', 'r/w', *FEW_IMAGES], cwd=work)
     results = json.loads((work / 'r' / 'results.json').read_text())
     assert {c: sorted(s) for c, s in results['cells'].items()} == {
         'clean': ['0'], 'gaussian_noise': ['1']}, run.stdout[-2000:]
     # mim test: the installed tools/test.py on the toy val set, the config found by its name
     test = _run([*mim, 'test', 'mmrobust', 'mask-rcnn_r18_fpn_toy-coco.py', '--checkpoint',
-                 'w/iter_2.pth', '--gpus', '0', '--work-dir', 't'], cwd=work)
+                 'w/iter_2.pth', '--gpus', '0', '--work-dir', 't', *FEW_IMAGES], cwd=work)
     assert '.mim/tools/test.py' in test.stdout, test.stdout[-2000:]
     assert 'coco/bbox_mAP' in test.stdout + test.stderr, (test.stdout + test.stderr)[-2000:]
     # mim search: the model index inside the wheel lists the zoo's configs

@@ -5,6 +5,9 @@ pixel space patch.
 """
 import json
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -25,6 +28,8 @@ from mmrobust.utils import (
     atomic_write,
     leaf_datasets,
 )
+
+from helpers.paths import REPO
 
 
 def test_atomic_write_replaces_whole_files_and_keeps_the_old_one_on_error(tmp_path):
@@ -153,3 +158,37 @@ def test_perturb_in_pixels_leaves_the_padding_alone():
                             lambda p, m: torch.ones_like(p))['inputs']
     assert torch.all(out[..., :2, :3] == 1)
     assert torch.all(out[..., 2:, :] == 0.5) and torch.all(out[..., :, 3:] == 0.5)
+
+
+# NOTE: the module by its path (standard library only), not the package: no torch to import
+_WATCHER = '''
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location('processes', 'mmrobust/utils/processes.py')
+processes = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(processes)
+processes.exit_with_process(int(sys.argv[1]), poll_s=0.05)
+print('watching', flush=True)
+time.sleep(120)
+'''
+
+
+def test_a_process_exits_with_one_it_watches_that_is_not_its_parent():
+    """What a fork server's child does: its parent is the server, its owner another process."""
+    owner = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])
+    watcher = subprocess.Popen([sys.executable, '-c', _WATCHER, str(owner.pid)],
+                               stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert watcher.stdout.readline() == 'watching\n'
+        time.sleep(0.3)
+        assert watcher.poll() is None  # the owner lives: so does the watcher
+        owner.kill()
+        owner.wait()
+        assert watcher.wait(timeout=20) == 1
+        # an owner already gone when the watch starts: at once
+        gone = subprocess.run([sys.executable, '-c', _WATCHER, str(owner.pid)], cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+        assert gone.returncode == 1 and 'watching' not in gone.stdout
+    finally:
+        for proc in (owner, watcher):
+            proc.kill()
+            proc.wait()

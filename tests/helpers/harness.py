@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import pytest
 
@@ -109,12 +109,11 @@ if sys.platform.startswith('linux'):
 _PROCESS_SINGLETONS = ('multiprocessing.resource_tracker', 'multiprocessing.forkserver')
 
 
-def descendants(pid: int) -> Dict[int, str]:
-    """The live (not zombie) descendants of ``pid``: pid -> command line, read from /proc."""
-    if not os.path.isdir('/proc'):
-        return {}
+def _process_table() -> Tuple[Dict[int, list], Dict[int, str], Dict[int, int]]:
+    """Every process's children, state and parent, read from /proc."""
     children: Dict[int, list] = {}
     states: Dict[int, str] = {}
+    parents: Dict[int, int] = {}
     for entry in os.scandir('/proc'):
         if not entry.name.isdigit():
             continue
@@ -125,7 +124,21 @@ def descendants(pid: int) -> Dict[int, str]:
             continue
         fields = stat[stat.rindex(b')') + 2:].split()  # the name in (...) may hold spaces
         states[int(entry.name)] = fields[0].decode()
+        parents[int(entry.name)] = int(fields[1])
         children.setdefault(int(fields[1]), []).append(int(entry.name))
+    return children, states, parents
+
+
+def descendants(pid: int, singletons: bool = True) -> Dict[int, str]:
+    """The live (not zombie) descendants of ``pid``: pid -> ``[name] command line``, from /proc.
+
+    The name (``/proc/<pid>/comm``) tells apart what a fork server forked: they show the
+    server's command line. ``singletons=False`` leaves out the helpers multiprocessing keeps
+    (its resource tracker and fork server, not what the server forked).
+    """
+    if not os.path.isdir('/proc'):
+        return {}
+    children, states, parents = _process_table()
     found, todo = {}, list(children.get(pid, ()))
     while todo:
         child = todo.pop()
@@ -135,10 +148,23 @@ def descendants(pid: int) -> Dict[int, str]:
         try:
             with open(f'/proc/{child}/cmdline', 'rb') as f:
                 cmd = f.read().replace(b'\0', b' ').decode(errors='replace').strip()
+            with open(f'/proc/{child}/comm', 'rb') as f:
+                name = f.read().decode(errors='replace').strip()
         except OSError:
             continue
-        found[child] = cmd or f'[pid {child}]'
+        found[child] = f'[{name}] {cmd or f"[pid {child}]"}'
+    if not singletons:
+        found = {p: c for p, c in found.items() if not _singleton(c, found.get(parents.get(p)))}
     return found
+
+
+def _singleton(cmd: str, parent_cmd: Optional[str]) -> bool:
+    """A helper multiprocessing keeps by design, not a child its fork server forked.
+
+    A forked child shows the same command line as its parent.
+    """
+    marker = next((s for s in _PROCESS_SINGLETONS if s in cmd), None)
+    return marker is not None and not (parent_cmd and marker in parent_cmd)
 
 
 def _reap(pids) -> None:
@@ -157,8 +183,8 @@ def no_leftover_processes(request):
     They are killed, so that the next test starts clean.
     """
     def new_processes() -> Dict[int, str]:
-        return {p: c for p, c in descendants(os.getpid()).items()
-                if p not in before and not any(s in c for s in _PROCESS_SINGLETONS)}
+        return {p: c for p, c in descendants(os.getpid(), singletons=False).items()
+                if p not in before}
 
     before = set(descendants(os.getpid()))
     yield

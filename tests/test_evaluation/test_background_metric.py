@@ -17,7 +17,7 @@ from mmengine.config import Config
 from test_robustness import NO_WORKERS, SEG_CFG, _cells, _init_checkpoint
 
 from mmrobust.evaluation import RESULTS_FORMAT, load_results
-from mmrobust.evaluation.metric_worker import DELAY_ENV
+from mmrobust.evaluation.metric_worker import DELAY_ENV, WORKER_NAME
 from mmrobust.evaluation.predictions_file import (
     predictions_path,
     save_cell_predictions,
@@ -206,10 +206,10 @@ def test_killed_run_and_dead_worker_resume_without_inference(toy_data, tmp_path,
     proc = _start(args, slow)
 
     def worker_started():
-        return any('spawn_main' in cmd for cmd in descendants(proc.pid).values())
+        return any(cmd.startswith(f'[{WORKER_NAME}]') for cmd in descendants(proc.pid).values())
     _wait_for(worker_started, proc, 'a metric worker')
     for pid, cmd in descendants(proc.pid).items():
-        if 'spawn_main' in cmd:
+        if cmd.startswith(f'[{WORKER_NAME}]'):
             os.kill(pid, signal.SIGKILL)
     try:
         out, err = proc.communicate(timeout=120)

@@ -120,6 +120,9 @@ def _mask_rcnn_with_masks_read(tmp_path: Path) -> Path:
             dict(type='CocoMetric', metric=['bbox', 'segm'],
                  ann_file='data/toy_coco/annotations/instances_val2017.json'),
             dict(type='DumpDetResults', out_file_path='{tmp_path / "dump.pkl"}')]
+        # COCO's 100 detections per image (the toy config keeps 20): only among that many does
+        # the untrained model score above 0 anywhere, which the resumed run's equality needs
+        model = dict(test_cfg=dict(rcnn=dict(max_per_img=100)))
         '''))
     return config
 
@@ -127,7 +130,7 @@ def _mask_rcnn_with_masks_read(tmp_path: Path) -> Path:
 @pytest.mark.slow
 def test_a_run_killed_mid_cell_resumes_at_once_to_an_uninterrupted_runs_numbers(toy_data,
                                                                                 tmp_path):
-    from mmrobust.evaluation.metric_worker import DELAY_ENV
+    from mmrobust.evaluation.metric_worker import DELAY_ENV, WORKER_NAME
     ckpt = _init_checkpoint(MASK_RCNN, tmp_path / 'mask.pth')
     config = _mask_rcnn_with_masks_read(tmp_path)
     whole = tmp_path / 'whole.json'
@@ -153,8 +156,8 @@ def test_a_run_killed_mid_cell_resumes_at_once_to_an_uninterrupted_runs_numbers(
     proc = _start(args, {})
 
     def loading() -> bool:
-        workers = [cmd for cmd in descendants(proc.pid).values()
-                   if 'spawn_main' not in cmd and 'resource_tracker' not in cmd]
+        workers = [cmd for cmd in descendants(proc.pid, singletons=False).values()
+                   if not cmd.startswith(f'[{WORKER_NAME}]')]
         return len(workers) >= 2 and len(_cells(results) if results.exists() else {}) >= 2
     _wait_for(loading, proc, 'the dataloader workers of an inferred cell')
     time.sleep(0.5)
@@ -206,6 +209,33 @@ def test_every_coco_backend_computes_in_the_worker_as_in_the_loop(tmp_path):
             assert expected['coco/bbox_mAP'] > 0.05
     finally:
         worker.close()
+
+
+def test_metric_workers_are_forked_by_one_server_in_the_environment_they_were_asked_in(
+        tmp_path, monkeypatch):
+    """Every metric worker of a process comes from its fork server (the imports paid once).
+
+    Each runs in the environment of the moment it was asked for (not the server's, older), and
+    is named for ``ps``; the second one's parent is the first one's.
+    """
+    from mmrobust.evaluation.metric_worker import WORKER_NAME, MetricWorker
+    from mmrobust.evaluation.predictions_file import predictions_path, save_cell_predictions
+
+    from helpers.process_probe import PROBE_ENV
+    path = predictions_path(str(tmp_path / 'p'), 'probe', 1)
+    save_cell_predictions(path, 'id', 'probe', 1, [[{}]], {}, {})
+    seen = []
+    for value in ('1', '2'):
+        monkeypatch.setenv(PROBE_ENV, value)
+        worker = MetricWorker(None, ['helpers.process_probe'])
+        try:
+            seen.append(worker.submit(path, [dict(type='ProcessProbeMetric')]).result()[0])
+        finally:
+            worker.close()
+    assert [s['env'] for s in seen] == [1.0, 2.0]
+    assert seen[0]['pid'] != seen[1]['pid'] and os.getpid() not in (s['pid'] for s in seen)
+    assert seen[0]['ppid'] == seen[1]['ppid'] != os.getpid()  # forked by the server, not by us
+    assert [s['name'] for s in seen] == [WORKER_NAME] * 2
 
 
 def _small_coco(tmp_path: Path):
