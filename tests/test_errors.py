@@ -71,6 +71,41 @@ def test_a_user_error_is_one_line_and_its_status(exc, code, capsys, monkeypatch)
     assert '--debug' in err  # says how to see more
 
 
+def test_a_file_system_fault_is_one_line_with_the_path_and_the_tools_hint(capsys, monkeypatch):
+    """A full disk, a read-only folder: the path, what the system said, what to do; not a bug.
+
+    Raised from another error (``raise ... from``) too; a bug met while handling one keeps its
+    traceback, and so does an ``OSError`` the file system did not cause.
+    """
+    import errno
+    import os
+    monkeypatch.delenv('MMROBUST_DEBUG', raising=False)
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), 'runs/r.json')
+    status, err = _run(_raise(full), capsys)
+    assert_user_error(status, err, 1, 'runs/r.json: No space left on device (ENOSPC). Free '
+                      'space or fix the permissions, and rerun the command.')
+
+    def wrapped():
+        try:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), 'runs')
+        except OSError as cause:
+            raise RuntimeError('saving failed') from cause
+    with pytest.raises(SystemExit) as exit_:
+        run_tool(wrapped, file_error_hint='Rerun it to resume.')
+    assert_user_error(exit_.value.code, capsys.readouterr().err, 1,
+                      'runs: Read-only file system (EROFS). Rerun it to resume.')
+
+    def bug_while_handling():
+        try:
+            raise OSError(errno.EACCES, 'Permission denied', 'x')
+        except OSError:
+            raise ZeroDivisionError('a bug')
+    for bug in (bug_while_handling, _raise(OSError(errno.ECONNRESET, 'reset'))):
+        with pytest.raises((ZeroDivisionError, ConnectionResetError)):
+            _run(bug, capsys)
+        assert 'error:' not in capsys.readouterr().err
+
+
 def test_the_builtin_types_are_kept():
     """Code that caught the builtin types the errors replace still does."""
     assert issubclass(UnknownCorruptionError, KeyError)

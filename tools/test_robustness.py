@@ -35,6 +35,7 @@ import os.path as osp
 from typing import List, Optional, Tuple
 
 from mmengine.config import Config
+from mmengine.logging import print_log
 from mmengine.utils import import_modules_from_strings
 
 from mmrobust.apis import (
@@ -50,12 +51,13 @@ from mmrobust.evaluation import RobustnessOptions, evaluate_robustness, results_
 from mmrobust.evaluation.cell_kinds import CELL_KINDS
 from mmrobust.evaluation.coco_metric import COCO_BACKENDS, DEFAULT_ROBUSTNESS_BACKEND
 from mmrobust.evaluation.loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH
-from mmrobust.evaluation.report import write_report
+from mmrobust.evaluation.report import summary_markdown, write_report
 from mmrobust.evaluation.results import report_dir
-from mmrobust.evaluation.robustness import DEFAULT_METRIC_QUEUE
+from mmrobust.evaluation.robustness import DEFAULT_METRIC_QUEUE, recorded_results
 from mmrobust.evaluation.shards import parse_shard
 from mmrobust.utils import explain_registry_errors
 from mmrobust.utils.config_checks import resolve_config_path
+from mmrobust.utils.io import check_writable
 
 
 def build_parser(first_pass: bool = False) -> argparse.ArgumentParser:
@@ -84,6 +86,10 @@ def build_parser(first_pass: bool = False) -> argparse.ArgumentParser:
                              'COCO-C; for comparison with published tables)')
     parser.add_argument('--results', default=None,
                         help='results JSON (resumed if it exists; one run at a time writes it)')
+    parser.add_argument('--report', default=None, metavar='DIR',
+                        help='write the report (CSV files, plots) into DIR, not into <results '
+                             'stem>_report/; a rerun with every cell recorded writes nothing '
+                             'without it (it prints the table from the results file)')
     parser.add_argument('--wait', action='store_true',
                         help='if another run writes the same results file, wait for it to finish '
                              'instead of stopping (then resume what it left)')
@@ -185,6 +191,20 @@ def main() -> None:
     if shard:
         stem += f'_shard{shard[0]}of{shard[1]}'
     results_path = args.results or osp.join(cfg.work_dir, f'{stem}.json')
+    label = osp.splitext(osp.basename(args.config))[0]
+    # NOTE: one process only: ranks that could each decide alone must not diverge
+    recorded = None if args.launcher != 'none' else recorded_results(
+        cfg, protocol, results_path, options)
+    if recorded is not None:  # NOTE: nothing to run: nothing built, locked or written
+        print_log(f'every planned cell is recorded in {results_path}: nothing to run, nothing '
+                  'written (--report DIR writes the report there)', logger='current')
+        if args.report:
+            markdown, files = write_report({label: recorded}, args.report)
+        else:
+            markdown, files = summary_markdown({label: recorded}), []
+        _print_table(markdown, results_path, files, shard)
+        return
+    check_writable(results_path, '--results')  # NOTE: before the model: a folder, read-only
     runner = build_runner(cfg, ('test_dataloader',), args.allow_partial_load)
     with explain_registry_errors(), results_lock(results_path, args.wait):
         runner.call_hook('before_run')
@@ -193,17 +213,23 @@ def main() -> None:
         results = evaluate_robustness(runner, cfg, protocol, results_path, options)
         runner.call_hook('after_run')
         if runner.rank == 0:
-            label = osp.splitext(osp.basename(args.config))[0]
-            markdown, files = write_report({label: results}, report_dir(results_path))
-            print(markdown)
-            print(f'\nresults: {results_path}\nreport: {", ".join(files)}\nconfidence '
-                  f'intervals, and models compared: python tools/robustness_report.py '
-                  f'{results_path} [OTHER.json ...] --out-dir DIR')
-            if shard:
-                every = results_path.replace(f'shard{shard[0]}of', 'shard*of')
-                print(f'shard {shard[0]}/{shard[1]}: once every shard is done, python '
-                      f'tools/robustness_report.py merge {every} --out MERGED.json')
+            markdown, files = write_report({label: results},
+                                           args.report or report_dir(results_path))
+            _print_table(markdown, results_path, files, shard)
+
+
+def _print_table(markdown: str, results_path: str, files: list, shard) -> None:
+    """The end of a run: the table, where the results and the report are, what comes next."""
+    print(markdown)
+    print(f'\nresults: {results_path}\nreport: {", ".join(files) or "not written"}\n'
+          f'confidence intervals, and models compared: python tools/robustness_report.py '
+          f'{results_path} [OTHER.json ...] --out-dir DIR')
+    if shard:
+        every = results_path.replace(f'shard{shard[0]}of', 'shard*of')
+        print(f'shard {shard[0]}/{shard[1]}: once every shard is done, python '
+              f'tools/robustness_report.py merge {every} --out MERGED.json')
 
 
 if __name__ == '__main__':
-    run_tool(main)
+    run_tool(main, file_error_hint='Rerun the same command to resume: the cells recorded so far '
+             'are kept, the results file as the last recorded cell left it.')

@@ -9,7 +9,12 @@ from .metric_worker import MetricWorkerError
 from .metrics import robustness_summary
 from .rank0 import results_lock
 from .results import RESULTS_FORMAT, RobustnessResults, load_results, report_dir
-from .robustness import DEFAULT_METRIC_QUEUE, RobustnessOptions, evaluate_robustness
+from .robustness import (
+    DEFAULT_METRIC_QUEUE,
+    RobustnessOptions,
+    evaluate_robustness,
+    recorded_results,
+)
 from .seg_metric import FastIoUMetric
 from .vq_metric import VQReconstructionMetric
 
@@ -17,5 +22,6 @@ __all__ = ['CLEAN', 'COCO_BACKENDS', 'DEFAULT_METRIC_QUEUE', 'DumpRobustPredicti
            'FastIoUMetric', 'MetricWorkerError',
            'RESULTS_FORMAT', 'RobustCocoMetric', 'coco_backend', 'PipelineError',
            'ResultsMismatchError', 'RobustnessOptions', 'RobustnessResults', 'cell_dataloader',
-           'evaluate_robustness', 'find_loading_step', 'load_results', 'report_dir', 'results_lock',
+           'evaluate_robustness', 'find_loading_step', 'load_results', 'recorded_results',
+           'report_dir', 'results_lock',
            'robustness_summary', 'VQReconstructionMetric']

@@ -18,7 +18,7 @@ from mmengine.logging import print_log
 from ..utils.errors import shareable
 from ..utils.io import TMP_MARK, FileLockedError, exclusive_lock
 from .predictions_file import saved_cells
-from .results import RobustnessResults, identity_sha256, planned_cells
+from .results import ResultsLayout, RobustnessResults, identity_sha256, planned_cells
 from .shards import shard_cells
 
 __all__ = ['RANK0_POLL_S', 'Plan', 'broadcast_plan', 'from_rank0', 'plan_on_rank0',
@@ -38,12 +38,14 @@ def from_rank0(value: Any) -> Any:
 
 @contextmanager
 def results_lock(path: str, wait: bool = False, poll_s: float = 5.0) -> Iterator[None]:
-    """One writer per results file: rank 0 holds its lock for the with-block.
+    """One writer per results location: rank 0 holds its lock for the with-block.
 
-    A second run on the same file stops with who holds it (or, with ``wait``, queues behind
-    it). Every outcome on rank 0 (held, locked, or any error making the lock) reaches every rank
-    in a short broadcast, and waiting polls (every ``poll_s`` seconds, one broadcast per round),
-    so no rank sits in a collective while rank 0 waits or after it failed.
+    The lock is the location's (:attr:`~.results.ResultsLayout.owner`): ``X`` and ``X.json``,
+    or a symlink to either, are one location with one lock. A second run on it stops with who
+    holds it, that run's command included (or, with ``wait``, queues behind it). Every outcome
+    on rank 0 (held, locked, or any error making the lock) reaches every rank in a short
+    broadcast, and waiting polls (every ``poll_s`` seconds, one broadcast per round), so no rank
+    sits in a collective while rank 0 waits or after it failed.
     """
     rank, world = get_dist_info()
     with ExitStack() as stack:
@@ -53,7 +55,8 @@ def results_lock(path: str, wait: bool = False, poll_s: float = 5.0) -> Iterator
             if rank == 0:
                 try:
                     stack.enter_context(exclusive_lock(
-                        path, waiting=lambda msg: print_log(msg, logger='current', level=30)))
+                        ResultsLayout(path).owner, named=path,
+                        waiting=lambda msg: print_log(msg, logger='current', level=30)))
                 except FileLockedError as err:
                     outcome = err
                 except Exception as err:

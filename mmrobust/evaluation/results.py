@@ -129,8 +129,8 @@ def evaluation_sha256(identity: Mapping) -> str:
 class ResultsLayout:
     """The files a results file owns, next to it.
 
-    Two results files in one folder thus keep their own (``<stem>``: its path without the
-    extension):
+    Two results files in one folder keep their own; every name of one (with or without
+    ``.json``, through symlinks) has one stem, one lock (:attr:`owner`), one set of these:
 
     - ``<stem>_report/``: the report's tables and plots;
     - ``<stem>_predictions/``: the saved predictions of cells whose metric is not recorded yet
@@ -141,8 +141,13 @@ class ResultsLayout:
 
     @property
     def stem(self) -> str:
-        """The results file's absolute path without its extension."""
-        return osp.splitext(osp.abspath(self.results_path))[0]
+        """The results file's real path (symlinks resolved) without its extension."""
+        return osp.splitext(osp.realpath(self.results_path))[0]
+
+    @property
+    def owner(self) -> str:
+        """What the one job writing this location locks (``<stem>.json``, whatever the name)."""
+        return f'{self.stem}.json'
 
     @property
     def report(self) -> str:

@@ -30,7 +30,7 @@ from mmengine.dist import barrier, get_dist_info
 from mmengine.logging import print_log
 
 from ..corruptions import Protocol
-from ..utils.errors import UsageError
+from ..utils.errors import MMRobustError, UsageError
 from ..utils.processes import children_die_with_parent
 from ..utils.progress import Progress
 from .cell_evaluators import CellEvaluators
@@ -51,7 +51,7 @@ from .results import (
     planned_cells,
     run_identity,
 )
-from .shards import parse_shard
+from .shards import parse_shard, shard_cells
 
 #: Cells whose metrics may be in flight beside the next cell's inference (``--metric-queue``).
 DEFAULT_METRIC_QUEUE = 2
@@ -196,10 +196,7 @@ def _open_results(cfg: Config, layout: ResultsLayout, opts: RobustnessOptions, s
     plan: Optional[Plan] = None
     if get_dist_info()[0] == 0:  # NOTE: only rank 0 reads the results file (it may be local)
         try:
-            identity = run_identity(
-                spec, config=cfg.filename, config_sha256=config_sha256(cfg),
-                checkpoint=opts.checkpoint, scope=cfg.get('default_scope'), shard=opts.shard,
-                checkpoint_load=opts.checkpoint_load)
+            identity = _identity(cfg, opts, spec)
             _say_idle_kinds(identity)
             results = RobustnessResults(layout.results_path, identity)
             if backends:  # the latest run's; each cell records its own in its timing
@@ -211,6 +208,34 @@ def _open_results(cfg: Config, layout: ResultsLayout, opts: RobustnessOptions, s
         except Exception as err:
             plan = Plan(infer=[], error=err)
     return results, broadcast_plan(plan)
+
+
+def _identity(cfg: Config, opts: RobustnessOptions, spec: RunSpec) -> Dict[str, Any]:
+    """What the results of this run record of its evaluation (:func:`~.results.run_identity`)."""
+    return run_identity(spec, config=cfg.filename, config_sha256=config_sha256(cfg),
+                        checkpoint=opts.checkpoint, scope=cfg.get('default_scope'),
+                        shard=opts.shard, checkpoint_load=opts.checkpoint_load)
+
+
+def recorded_results(cfg: Config, protocol: Protocol, results_path: str,
+                     options: RobustnessOptions) -> Optional[Dict]:
+    """The results at ``results_path`` if a run of ``options`` has nothing left to do there.
+
+    Every planned cell (of its shard) recorded by the same evaluation: read only, before a model
+    is built or the lock taken, so that a finished run's table prints from a read-only or full
+    disk. None otherwise, the file mismatching included (the run itself says what is wrong).
+    """
+    if not osp.isfile(results_path):
+        return None
+    spec = options.validated(protocol)
+    try:
+        results = RobustnessResults(results_path, _identity(cfg, options, spec))
+    except MMRobustError:  # NOTE: another evaluation's file: the run refuses it, saying why
+        return None
+    cells = planned_cells(results.identity)
+    if options.shard is not None:
+        cells = shard_cells(cells, *options.shard)
+    return results.data if all(results.done(c, s) for c, s in cells) else None
 
 
 def _say_idle_kinds(identity: Dict) -> None:
@@ -351,10 +376,13 @@ def _finish_results(results: RobustnessResults, plan: Plan, loading: Dict[str, s
         for what, why in kind.finish(results.path, results.data).items():
             print_log(f'no {what}: {why}', logger='current', level=30)
     results.data.update(loading)
+    completed = False
     if all(results.done(c, s) for c, s in planned_cells(results.identity)):
-        results.data.pop('partial', None)  # NOTE: a partial merge, completed by this run
-    if not plan.infer and not plan.saved:  # NOTE: nothing left to do: the file keeps the time
-        results.save()  # of the run that did the work
+        # NOTE: a partial merge, completed by this run
+        completed = results.data.pop('partial', None) is not None
+    if not plan.infer and not plan.saved:  # NOTE: nothing left to do: the file stays as the
+        if completed:  # run that did the work left it (a full or read-only disk too)
+            results.save()
         print_log('every planned cell was recorded already: nothing inferred or computed',
                   logger='current')
         return

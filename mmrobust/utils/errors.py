@@ -13,6 +13,7 @@ of a user error as well.
 The classes keep the builtin type they replace (``UsageError`` is a ``ValueError``,
 ``InputNotFoundError`` a ``FileNotFoundError``), so code that catches those still does.
 """
+import errno
 import os
 import re
 import sys
@@ -20,9 +21,16 @@ import traceback
 from typing import Callable, NoReturn, Optional
 
 __all__ = ['MMRobustError', 'UsageError', 'UnknownNameError', 'ConfigError', 'InputNotFoundError',
-           'user_error', 'run_tool', 'shareable', 'DEBUG_ENV']
+           'FILE_SYSTEM_ERRNOS', 'file_system_error', 'user_error', 'run_tool', 'shareable',
+           'DEBUG_ENV']
 
 DEBUG_ENV = 'MMROBUST_DEBUG'
+
+#: What the file system, not the code, refuses: a full disk or quota, a read-only or
+#: unwritable folder, a file where a folder is (or the reverse). A tool ends on one of them with
+#: an ``error:`` line (:func:`run_tool`), not a traceback.
+FILE_SYSTEM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS,
+                                errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR})
 
 
 class MMRobustError(Exception):
@@ -74,6 +82,23 @@ def user_error(exc: BaseException) -> Optional[MMRobustError]:
     return None
 
 
+def file_system_error(exc: BaseException) -> Optional[OSError]:
+    """The file-system fault (:data:`FILE_SYSTEM_ERRNOS`) ``exc`` is or was raised from."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError) and exc.errno in FILE_SYSTEM_ERRNOS:
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__  # NOTE: not __context__: a bug met while handling one is a bug
+    return None
+
+
+def _file_system_message(err: OSError, hint: str) -> str:
+    where = os.fspath(err.filename) if err.filename is not None else 'a file'
+    name = errno.errorcode.get(err.errno or 0, str(err.errno))
+    return f'{where}: {err.strerror or os.strerror(err.errno or 0)} ({name}). {hint}'
+
+
 def _message(err: MMRobustError) -> str:
     text = str(err)
     match = _WORKER_TRACEBACK.search(text)
@@ -109,28 +134,35 @@ def _debug_requested() -> bool:
     return debug or os.environ.get(DEBUG_ENV, '') not in ('', '0')
 
 
-def run_tool(main: Callable[[], Optional[int]]) -> NoReturn:
+def run_tool(main: Callable[[], Optional[int]],
+             file_error_hint: str = 'Free space or fix the permissions, and rerun the command.'
+             ) -> NoReturn:
     """Run a tool's ``main`` and exit with its status.
 
     A user error (:class:`MMRobustError`) ends as one ``error: <message>`` line on stderr (rank 0
     only in a distributed run; every rank exits with the error's status), without a traceback unless
-    debugging was asked for. Anything else propagates with its traceback.
+    debugging was asked for; so does a file-system fault (:data:`FILE_SYSTEM_ERRNOS`: the path,
+    what the system said, ``file_error_hint``; status 1), once ``main`` has unwound (its locks
+    released, its workers stopped). Anything else propagates with its traceback.
     """
     debug = _debug_requested()
     try:
         status = main()
     except Exception as exc:
         err = user_error(exc)
-        if err is None:
+        fault = file_system_error(exc) if err is None else None
+        if err is None and fault is None:
             raise
         if debug:
             traceback.print_exc()
         if _rank() == 0:
-            print(f'error: {_message(err)}', file=sys.stderr, flush=True)
+            text = _message(err) if err is not None else \
+                _file_system_message(fault, file_error_hint)
+            print(f'error: {text}', file=sys.stderr, flush=True)
             if not debug:
                 print(f'(add --debug or set {DEBUG_ENV}=1 for the traceback)', file=sys.stderr,
                       flush=True)
-        sys.exit(err.exit_code)
+        sys.exit(err.exit_code if err is not None else 1)
     sys.exit(status or 0)
 
 

@@ -15,11 +15,11 @@ from typing import IO, Any, Dict, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .errors import MMRobustError
+from .errors import MMRobustError, UsageError
 
 __all__ = ['TMP_MARK', 'atomic_write', 'atomic_json', 'atomic_bytes', 'atomic_image',
-           'save_figure', 'ResultsStore', 'ResultsMismatchError', 'ResultsFileError',
-           'FileLockedError', 'exclusive_lock']
+           'check_writable', 'save_figure', 'ResultsStore', 'ResultsMismatchError',
+           'ResultsFileError', 'FileLockedError', 'exclusive_lock']
 
 #: Marks the temporary files of :func:`atomic_write` (``<name>.mmrobust-tmp-<pid>``).
 TMP_MARK = '.mmrobust-tmp-'
@@ -54,8 +54,9 @@ def atomic_write(path: PathLike, mode: str = 'w', fsync: bool = True,
                  **open_kwargs: Any) -> Iterator[IO]:
     """Open ``path`` for writing through a temporary file that replaces it on success.
 
-    On an exception the temporary file is removed and ``path`` keeps its previous content.
-    ``fsync=False`` skips the flush to disk for throw-away outputs (figures, previews).
+    On an exception the temporary file is removed and ``path`` keeps its previous content; a
+    write the file system refuses (a full disk: ``write`` names no file) is raised naming
+    ``path``. ``fsync=False`` skips the flush to disk for throw-away outputs (figures, previews).
     """
     if mode not in ('w', 'wb'):
         raise ValueError(f"atomic_write writes whole files: mode 'w' or 'wb', got {mode!r}")
@@ -69,10 +70,32 @@ def atomic_write(path: PathLike, mode: str = 'w', fsync: bool = True,
             if fsync:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if osp.exists(tmp):
             os.remove(tmp)
+        if isinstance(err, OSError) and err.filename in (None, tmp):
+            raise OSError(err.errno, err.strerror, path) from err
         raise
+
+
+def check_writable(path: PathLike, option: str) -> None:
+    """Stop now if ``path`` (a file a job will write, given as ``option``) cannot be written.
+
+    Before any long work: ``path`` a folder is a usage error; a folder that cannot be made or
+    written (read-only, no permission, full) raises the file system's own error, which the
+    tools print as one ``error:`` line (:func:`~.errors.run_tool`). A probe file is made and
+    removed next to ``path``.
+    """
+    import tempfile
+    path = os.fspath(path)
+    if osp.isdir(path):
+        raise UsageError(f'{option} {path} is a folder: give the path of a file in it, e.g. '
+                         f'{osp.join(path, "results.json")}')
+    folder = osp.dirname(osp.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    handle, probe = tempfile.mkstemp(dir=folder, prefix='.mmrobust-write-check-')
+    os.close(handle)
+    os.remove(probe)
 
 
 def atomic_bytes(path: PathLike, data: bytes, fsync: bool = True) -> None:
@@ -117,6 +140,13 @@ def _describe(info: Dict[str, Any]) -> str:
             f"since {info.get('since', '?')}): {info.get('command', '?')}")
 
 
+def _named(path: PathLike, named: Optional[PathLike]) -> str:
+    """``path`` as the caller named it, and what it is when that is another name."""
+    if named is None or os.fspath(named) == os.fspath(path):
+        return os.fspath(path)
+    return f'{os.fspath(named)} (the results location {os.fspath(path)})'
+
+
 def _holder(lock_path: str) -> str:
     try:
         with open(lock_path) as f:
@@ -138,7 +168,8 @@ def _holder_info(fd: int) -> Optional[Dict[str, Any]]:
 
 @contextmanager
 def exclusive_lock(path: PathLike, wait: bool = False,
-                   waiting: Optional[Any] = None) -> Iterator[str]:
+                   waiting: Optional[Any] = None, named: Optional[PathLike] = None
+                   ) -> Iterator[str]:
     """Hold an exclusive lock on ``path`` for the with-block (for a job that writes it).
 
     The lock is an ``flock`` on ``<path>.lock``, which records who holds it; the OS releases
@@ -154,6 +185,7 @@ def exclusive_lock(path: PathLike, wait: bool = False,
         path: the file the job writes.
         wait: wait for the holder to finish instead of raising.
         waiting: called with a message (who holds it, or who held it on another host).
+        named: the name the caller gave ``path`` (another name of it), for the messages.
 
     Raises:
         FileLockedError: ``path`` is locked and ``wait`` is False; says who holds it.
@@ -175,10 +207,10 @@ def exclusive_lock(path: PathLike, wait: bool = False,
                 _HELD_LOCKS.discard(fd)
                 os.close(fd)
                 raise FileLockedError(
-                    f'{os.fspath(path)} is being written by {holder}. Wait for that run (or '
-                    'pass --wait to queue behind it), or write to another file.') from None
+                    f'{_named(path, named)} is being written by {holder}. Wait for that run '
+                    '(or pass --wait to queue behind it), or write to another file.') from None
             if waiting is not None:
-                waiting(f'waiting for {holder} to release {os.fspath(path)}')
+                waiting(f'waiting for {holder} to release {_named(path, named)}')
             fcntl.flock(fd, fcntl.LOCK_EX)
         try:  # NOTE: the previous holder may have removed the file we now hold: lock anew
             same = osp.samestat(os.fstat(fd), os.stat(lock_path))

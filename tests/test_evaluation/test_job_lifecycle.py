@@ -457,13 +457,14 @@ def test_a_rerun_with_nothing_to_do_keeps_the_inferring_runs_loader_and_time(toy
             '--work-dir', tmp_path / 'w', '--cfg-options', 'test_dataloader.num_workers=1',
             'test_dataloader.persistent_workers=False', 'test_dataloader.dataset.indices=2']
     run_tool_here('test_robustness.py', *args)
-    first = json.loads(results.read_text())
+    written = results.read_bytes()
+    first = json.loads(written)
     assert first['time']['wall_s'] > 0 and first['loader'] == 'one-pass'
     out = run_tool_here('test_robustness.py', *args[:-4], '--per-cell-loaders', *args[-4:])
     again = json.loads(results.read_text())
     assert again['time'] == first['time'] and again['loader'] == first['loader']
-    assert again['cells'] == first['cells']
-    assert 'nothing inferred or computed' in out.stdout + out.stderr
+    assert again['cells'] == first['cells'] and results.read_bytes() == written
+    assert 'nothing to run, nothing written' in out.stdout + out.stderr
 
 
 # -- 8. the guide's words on batches -------------------------------------------------------------

@@ -33,7 +33,6 @@ from helpers import (
     assert_user_error,
     init_checkpoint,
     run_cmd,
-    run_tool,
     run_tool_here,
     run_tool_in_process,
 )
@@ -514,21 +513,110 @@ def test_one_writer_per_results_file(tmp_path):
     assert order == ['first done', 'second in'] and 'waiting for pid' in messages[0]
 
 
-def test_second_robustness_run_on_one_results_file_is_refused(toy_data, tmp_path):
-    """A second run on a results file another run writes stops at once.
+@pytest.mark.parametrize('first,second', [('r.json', 'r.json'), ('r', 'r.json'),
+                                          ('r.json', 'alias/r'), ('alias/r.json', 'r')])
+def test_second_robustness_run_on_one_results_location_is_refused(toy_data, tmp_path, first,
+                                                                   second):
+    """A second run on the results another run writes stops at once, naming that run.
 
-    A second test_robustness.py on a results file another run writes stops at once with who holds
-    it, before loading or computing anything.
+    Whatever the names: with or without ``.json``, through a symlinked folder, they are one
+    location with one lock (two locks let two jobs write one set of side folders). It stops
+    before loading or computing anything.
     """
-    from mmrobust.utils import exclusive_lock
+    from mmrobust.evaluation import results_lock
     ckpt = _init_checkpoint(SEG_CFG, tmp_path / 'seg.pth')
-    results = tmp_path / 'r.json'
-    with exclusive_lock(results):
-        proc = run_tool('test_robustness.py', SEG_CFG, ckpt, '--corruptions', 'fog',
-                        '--severities', '1', '--results', results, '--work-dir', tmp_path / 'w',
-                        *NO_WORKERS, check=False)
-    assert_user_error(proc.returncode, proc.stderr, 1, f'is being written by pid {os.getpid()}')
-    assert not results.exists()
+    (tmp_path / 'alias').symlink_to(tmp_path, target_is_directory=True)
+    with results_lock(str(tmp_path / first)):
+        proc = run_tool_here('test_robustness.py', SEG_CFG, ckpt, '--corruptions', 'fog',
+                             '--severities', '1', '--results', tmp_path / second, '--work-dir',
+                             tmp_path / 'w', *NO_WORKERS, check=False)
+    assert_user_error(proc.returncode, proc.stderr, 1, f'is being written by pid {os.getpid()}',
+                      str(tmp_path / second))
+    assert not any(p.name.startswith('r') for p in tmp_path.iterdir()), list(tmp_path.iterdir())
+
+
+def test_a_finished_run_reruns_read_only_and_prints_its_table(toy_data, tmp_path):
+    """A rerun with every cell recorded writes nothing: a read-only disk still gives the table.
+
+    Nothing built, locked or written (every write under the results folder fails, as on a
+    read-only disk, and none is tried); ``--report DIR`` writes the report there.
+    """
+    from helpers.fs_faults import failing_writes
+    ckpt = _init_checkpoint(SEG_CFG, tmp_path / 'seg.pth')
+    out = tmp_path / 'out'
+    args = [SEG_CFG, ckpt, '--corruptions', 'fog', '--severities', '1', '--results',
+            out / 'r.json', '--work-dir', out / 'w', *NO_WORKERS]
+    first = run_tool_here('test_robustness.py', *args)
+    before = {p: p.read_bytes() for p in out.rglob('*') if p.is_file() and 'w' not in p.parts}
+    with failing_writes(out) as tried:
+        again = run_tool_here('test_robustness.py', *args)
+    assert not tried, tried
+    assert 'nothing to run, nothing written' in again.stdout + again.stderr
+    table = [line for line in first.stdout.splitlines() if line.startswith('| ')]
+    assert table and table == [line for line in again.stdout.splitlines()
+                               if line.startswith('| ')]
+    assert {p: p.read_bytes() for p in out.rglob('*')
+            if p.is_file() and 'w' not in p.parts} == before
+    # asked for, the report goes where it is writable
+    run_tool_here('test_robustness.py', *args, '--report', tmp_path / 'rep')
+    assert (tmp_path / 'rep' / 'summary.csv').is_file()
+    assert (tmp_path / 'rep' / 'summary.csv').read_bytes() == before[out / 'r_report' /
+                                                                       'summary.csv']
+
+
+def test_file_system_faults_end_in_one_error_line_and_the_rerun_resumes(toy_data, tmp_path):
+    """A folder as --results, a read-only folder, a disk full mid-run: one ``error:`` line each.
+
+    No traceback; the first two before the model is built, the full disk at the write it
+    strikes, with the results file as the last recorded cell left it; the resubmitted command
+    resumes to the numbers of a run without faults (the lock released, no worker left: the
+    harness checks that).
+    """
+    import errno
+
+    from mmrobust.utils.io import TMP_MARK
+
+    from helpers.fs_faults import failing_writes
+    ckpt = _init_checkpoint(SEG_CFG, tmp_path / 'seg.pth')
+    cells = ['--corruptions', 'fog', 'snow', '--severities', '1']
+
+    def run(results, **kwargs):
+        return run_tool_here('test_robustness.py', SEG_CFG, ckpt, *cells, '--results', results,
+                             '--work-dir', tmp_path / 'w', *NO_WORKERS, **kwargs)
+
+    (tmp_path / 'folder').mkdir()
+    proc = run(tmp_path / 'folder', check=False)
+    assert_user_error(proc.returncode, proc.stderr, 2, 'is a folder', 'folder/results.json')
+
+    out = tmp_path / 'out'
+    with failing_writes(out) as tried:
+        proc = run(out / 'r.json', check=False)
+    assert tried and not out.exists()
+    assert_user_error(proc.returncode, proc.stderr, 1, str(out), 'Read-only file system (EROFS)',
+                      'Rerun the same command to resume')
+    assert 'Loads checkpoint' not in proc.stdout + proc.stderr  # before the model
+
+    # the disk fills as the results file records the second cell
+    saves, kept = [], {}
+
+    def second_save(path: str, operation: str) -> bool:
+        if operation != 'open' or TMP_MARK not in path or \
+                not path.startswith(str(out / 'r.json')):
+            return False
+        saves.append(path)
+        if len(saves) == 2:
+            kept['bytes'] = (out / 'r.json').read_bytes()
+        return len(saves) == 2
+    with failing_writes(out, errno.ENOSPC, when=second_save):
+        proc = run(out / 'r.json', check=False)
+    assert_user_error(proc.returncode, proc.stderr, 1, str(out / 'r.json'),
+                      'No space left on device (ENOSPC)', 'Rerun the same command to resume')
+    assert (out / 'r.json').read_bytes() == kept['bytes']  # whole, one cell recorded
+    assert len(_cells(out / 'r.json')) == 1
+    assert not list(out.glob(f'*{TMP_MARK}*'))
+    run(out / 'r.json')
+    run(tmp_path / 'plain.json')
+    assert _cells(out / 'r.json') == _cells(tmp_path / 'plain.json')
 
 
 @pytest.mark.slow
