@@ -25,7 +25,7 @@ from pathlib import Path
 # the mmrobust of this checkout, not whichever one is installed
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mmrobust.utils.errors import run_tool
+from mmrobust.utils.errors import file_system_error, run_tool
 from mmrobust.utils.origin import report_origin
 
 report_origin(__file__)
@@ -121,6 +121,10 @@ def build_parser(first_pass: bool = False) -> argparse.ArgumentParser:
                              'clean set in shard 0), into its own results file (default '
                              'robustness_<protocol>_shard<I>of<N>.json); join the shards with '
                              '`tools/robustness_report.py merge`')
+    parser.add_argument('--refresh-per-image', action='store_true',
+                        help='infer again the recorded cells whose per-image statistics are '
+                             'missing or of another evaluation (what the report asks for; '
+                             'their numbers come out the same)')
     parser.add_argument('--no-per-image-stats', action='store_true',
                         help='do not keep per-image statistics in <results stem>_per_image/ '
                              '(the report then gives no bootstrap intervals; saves the COCO '
@@ -161,7 +165,7 @@ def run_options(args: argparse.Namespace, cfg: Config) -> Tuple[Protocol, Robust
         one_pass=not args.per_cell_loaders,
         shard=parse_shard(args.shard) if args.shard else None,
         post_process_queue=args.post_process_queue, prefetch=args.prefetch,
-        per_image=not args.no_per_image_stats,
+        per_image=not args.no_per_image_stats, refresh_per_image=args.refresh_per_image,
         kind_options=dict(cfg.get('robustness_kind_options') or {}) or None)
     asked = [kind for kind in CELL_KINDS.values() if kind.apply_args(args, options)]
     if asked and args.protocol is None and args.corruptions is None:
@@ -198,10 +202,7 @@ def main() -> None:
     if recorded is not None:  # NOTE: nothing to run: nothing built, locked or written
         print_log(f'every planned cell is recorded in {results_path}: nothing to run, nothing '
                   'written (--report DIR writes the report there)', logger='current')
-        if args.report:
-            markdown, files = write_report({label: recorded}, args.report)
-        else:
-            markdown, files = summary_markdown({label: recorded}), []
+        markdown, files = _report(label, recorded, results_path, args.report, True)
         _print_table(markdown, results_path, files, shard)
         return
     check_writable(results_path, '--results')  # NOTE: before the model: a folder, read-only
@@ -210,12 +211,39 @@ def main() -> None:
         runner.call_hook('before_run')
         runner.load_or_resume()  # the checkpoint, once for all cells
         options.checkpoint_load = strict_load_outcome(runner)  # NOTE: recorded, not checked
+        # NOTE: rank 0 alone decides only what it alone does after the run: the report
+        done = runner.rank == 0 and recorded_results(cfg, protocol, results_path,
+                                                     options) is not None
         results = evaluate_robustness(runner, cfg, protocol, results_path, options)
         runner.call_hook('after_run')
         if runner.rank == 0:
-            markdown, files = write_report({label: results},
-                                           args.report or report_dir(results_path))
+            markdown, files = _report(label, results, results_path, args.report, done)
             _print_table(markdown, results_path, files, shard)
+
+
+def _report(label: str, results: dict, results_path: str, out: Optional[str],
+            done: bool) -> Tuple[str, List[str]]:
+    """The table, and the report written where asked (``out``) or next to the results.
+
+    Next to the results of a run that did nothing (``done``), only where it is missing (a run
+    stopped while writing it, by a full disk): where that fails too, the table still prints
+    (the log says why the report is not there).
+    """
+    if out:
+        return write_report({label: results}, out)
+    folder = report_dir(results_path)
+    if not done:
+        return write_report({label: results}, folder)
+    if osp.isfile(osp.join(folder, 'summary.csv')):
+        return summary_markdown({label: results}), [f'{folder} (unchanged)']
+    try:
+        return write_report({label: results}, folder)
+    except OSError as err:
+        if file_system_error(err) is None:
+            raise
+        print_log(f'the report is missing from {folder} and cannot be written there ({err}): '
+                  '--report DIR writes it elsewhere', logger='current', level=30)
+        return summary_markdown({label: results}), []
 
 
 def _print_table(markdown: str, results_path: str, files: list, shard) -> None:

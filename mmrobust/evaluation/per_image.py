@@ -28,7 +28,7 @@ from ..utils.io import atomic_write
 from .results import ResultsLayout
 
 __all__ = ['PER_IMAGE_KEY', 'STATS_FORMAT', 'CocoAP', 'IoUStats', 'StatsTarget', 'coco_block',
-           'iou_block', 'load_cell_stats', 'save_cell_stats', 'scorer', 'stats_dir',
+           'has_stats', 'iou_block', 'load_cell_stats', 'save_cell_stats', 'scorer', 'stats_dir',
            'stats_folders', 'stats_path', 'write_cell_stats']
 
 #: Key of a metric's ``compute_metrics`` output that carries its per-image blocks (popped
@@ -425,3 +425,15 @@ def load_cell_stats(path: str) -> Dict[str, Any]:
                 j, name = key.split('.', 1)
                 blocks[int(j)][name] = data[key]
     return {'meta': meta, 'blocks': blocks}
+
+
+def has_stats(path: str, fingerprint: str) -> bool:
+    """Whether ``path`` holds per-image statistics of the evaluation of ``fingerprint``."""
+    if not osp.isfile(path):
+        return False
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(str(data['meta']))
+    except (OSError, ValueError, KeyError):  # NOTE: unreadable: as good as missing
+        return False
+    return meta.get('format') == STATS_FORMAT and meta.get('fingerprint') == fingerprint

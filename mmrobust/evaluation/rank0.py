@@ -10,7 +10,7 @@ import os.path as osp
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from mmengine.dist import broadcast_object_list, get_dist_info
 from mmengine.logging import print_log
@@ -83,11 +83,13 @@ class Plan:
 
 
 def plan_on_rank0(results: RobustnessResults, folder: str,
-                  shard: Optional[Tuple[int, int]] = None, use_saved: bool = True) -> Plan:
+                  shard: Optional[Tuple[int, int]] = None, use_saved: bool = True,
+                  refresh: Optional[Callable[[Tuple[str, int]], bool]] = None) -> Plan:
     """The cells left to do (of ``shard`` only, if given).
 
     Predictions a killed run saved are used instead of inference (``use_saved``; otherwise they
-    are removed, and their cells inferred again).
+    are removed, and their cells inferred again). ``refresh``: recorded cells it accepts are
+    inferred again too.
     """
     cells = planned_cells(results.identity)
     if shard is not None:
@@ -109,7 +111,8 @@ def plan_on_rank0(results: RobustnessResults, folder: str,
                 os.remove(osp.join(folder, name))
     for cell in [c for c in saved if results.done(*c)]:  # killed after recording, before removal
         os.remove(saved.pop(cell))
-    todo = [(c, s) for c, s in cells if not results.done(c, s)]
+    todo = [(c, s) for c, s in cells
+            if not results.done(c, s) or (refresh is not None and refresh((c, s)))]
     if saved:
         print_log(f'{len(saved)} cell(s) resume from their saved predictions in {folder} '
                   f'without inference: {", ".join(f"{c} {s}" for c, s in saved)}',

@@ -40,7 +40,7 @@ from .evaluator_cfg import side_file_metrics, without_backend, without_unread_gt
 from .loop import DEFAULT_POST_PROCESS_QUEUE, DEFAULT_PREFETCH
 from .metric_queue import MetricQueue, RankedQueue
 from .metric_worker import worker_imports
-from .per_image import StatsTarget, stats_path
+from .per_image import StatsTarget, has_stats, stats_path
 from .rank0 import RANK0_POLL_S, Plan, broadcast_plan, plan_on_rank0
 from .results import (
     CUSTOM_IMPORTS_KEY,
@@ -109,6 +109,8 @@ class RobustnessOptions:
         attacks: adversarial cells ``(attack, k)`` (:func:`~.attacks.attack_plan`).
         per_image: keep each cell's per-image statistics (:mod:`.per_image`) for the
             report's intervals.
+        refresh_per_image: infer again the recorded cells whose per-image statistics are
+            missing or another evaluation's (their numbers recorded anew: the same).
         shifts: real-world shift cells ``(set, level)``
             (:func:`~mmrobust.datasets.shift_sets.parse_shifts`), beside the corruption cells
             and not in mPC / rPC.
@@ -131,6 +133,7 @@ class RobustnessOptions:
     shard: Optional[Tuple[int, int]] = None
     attacks: Optional[Dict[str, Dict]] = None
     per_image: bool = True
+    refresh_per_image: bool = False
     shifts: Optional[List[Cell]] = None
     shift_roots: Optional[Dict[str, str]] = None
     kind_options: Optional[Dict[str, Any]] = None
@@ -204,7 +207,10 @@ def _open_results(cfg: Config, layout: ResultsLayout, opts: RobustnessOptions, s
             imports = custom_import_names(cfg)
             if imports:  # NOTE: what registered the cells (a user's family or kind), for readers
                 results.data[CUSTOM_IMPORTS_KEY] = imports
-            plan = plan_on_rank0(results, layout.predictions, opts.shard, use_saved)
+            fingerprint = evaluation_sha256(results.identity)
+            plan = plan_on_rank0(results, layout.predictions, opts.shard, use_saved, refresh=(
+                (lambda cell: not has_stats(stats_path(layout.per_image, *cell), fingerprint))
+                if opts.per_image and opts.refresh_per_image else None))
         except Exception as err:
             plan = Plan(infer=[], error=err)
     return results, broadcast_plan(plan)
@@ -225,7 +231,7 @@ def recorded_results(cfg: Config, protocol: Protocol, results_path: str,
     is built or the lock taken, so that a finished run's table prints from a read-only or full
     disk. None otherwise, the file mismatching included (the run itself says what is wrong).
     """
-    if not osp.isfile(results_path):
+    if not osp.isfile(results_path) or options.refresh_per_image:
         return None
     spec = options.validated(protocol)
     try:

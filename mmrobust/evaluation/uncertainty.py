@@ -118,6 +118,11 @@ def without_sentinels(values: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]
             for k, v in values.items()}
 
 
+#: What recomputes a results file's missing per-image statistics (``tools/test_robustness.py``)
+REFRESH_HINT = ('rerun the test_robustness.py command that wrote the results with '
+                '--refresh-per-image to recompute them (those cells are inferred again)')
+
+
 def cell_stats(results_path: str, results: Mapping) -> CellStats:
     """The per-image statistics of every recorded cell of a results file.
 
@@ -145,13 +150,12 @@ def cell_stats(results_path: str, results: Mapping) -> CellStats:
             found[cell] = [scorer(b) for b in loaded['blocks']]
     if foreign:
         stats.notes.append(f'{len(foreign)} per-image file(s) belong to another evaluation and '
-                           f'were not used (e.g. {foreign[0]}): rerun the evaluation to refresh '
-                           'them')
+                           f'were not used (e.g. {foreign[0]}): {REFRESH_HINT}')
     if stats.missing and not foreign:
         stats.notes.append(
             f'{len(stats.missing)} cell(s) have no per-image statistics in '
             f'{folders[0]} (a run with --no-per-image-stats, an mmrobust before them, or a '
-            'metric that keeps none)')
+            f'metric that keeps none): {REFRESH_HINT}')
     for cell in [c for c in found if kind_of(c[0]).own_images]:
         scorers = found.pop(cell)
         own = sorted({i for s in scorers for i in s.images})

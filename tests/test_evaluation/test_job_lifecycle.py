@@ -16,7 +16,7 @@ import pytest
 from test_background_metric import _start, _wait_for
 from test_robustness import SEG_CFG, _cells, _init_checkpoint
 
-from helpers import REPO, assert_user_error, run_tool_here, run_tool_in_process
+from helpers import REPO, assert_user_error, run_tool, run_tool_here, run_tool_in_process
 from helpers.harness import descendants
 
 MASK_RCNN = 'configs/toy/mask-rcnn_r18_fpn_toy-coco.py'
@@ -483,3 +483,14 @@ def test_the_guide_says_batch_padding_changes_a_detectors_predictions():
     before = config_sha256(cfg)
     cfg.test_dataloader.batch_size = 2
     assert config_sha256(cfg) != before  # so a resume never mixes two batch sizes
+
+
+@pytest.mark.slow
+def test_the_worker_exit_benchmark_prints_both_start_methods_and_their_ratio():
+    proc = run_tool('analysis_tools/benchmark_worker_exit.py', '--rounds', '1', '--moments',
+                    'start-up')
+    rows = [r for r in proc.stdout.splitlines() if r.startswith('| start-up |')]
+    assert [r.split(' | ')[1] for r in rows] == ['the worker', 'every process'], proc.stdout
+    for row in rows:  # seconds for both methods, and their ratio
+        cells = row.strip('| ').split(' | ')[2:]
+        assert len(cells) == 3 and all(float(c.split()[0]) > 0 for c in cells), row

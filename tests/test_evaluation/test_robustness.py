@@ -564,59 +564,117 @@ def test_a_finished_run_reruns_read_only_and_prints_its_table(toy_data, tmp_path
                                                                        'summary.csv']
 
 
-def test_file_system_faults_end_in_one_error_line_and_the_rerun_resumes(toy_data, tmp_path):
-    """A folder as --results, a read-only folder, a disk full mid-run: one ``error:`` line each.
-
-    No traceback; the first two before the model is built, the full disk at the write it
-    strikes, with the results file as the last recorded cell left it; the resubmitted command
-    resumes to the numbers of a run without faults (the lock released, no worker left: the
-    harness checks that).
-    """
-    import errno
-
-    from mmrobust.utils.io import TMP_MARK
-
+def test_a_results_folder_that_cannot_be_written_stops_before_the_model(toy_data, tmp_path):
+    """``--results`` a folder, or in a read-only folder: one ``error:`` line, nothing built."""
     from helpers.fs_faults import failing_writes
     ckpt = _init_checkpoint(SEG_CFG, tmp_path / 'seg.pth')
-    cells = ['--corruptions', 'fog', 'snow', '--severities', '1']
 
-    def run(results, **kwargs):
-        return run_tool_here('test_robustness.py', SEG_CFG, ckpt, *cells, '--results', results,
-                             '--work-dir', tmp_path / 'w', *NO_WORKERS, **kwargs)
-
+    def run(results):
+        return run_tool_here('test_robustness.py', SEG_CFG, ckpt, '--corruptions', 'fog',
+                             '--severities', '1', '--results', results, '--work-dir',
+                             tmp_path / 'w', *NO_WORKERS, check=False)
     (tmp_path / 'folder').mkdir()
-    proc = run(tmp_path / 'folder', check=False)
+    proc = run(tmp_path / 'folder')
     assert_user_error(proc.returncode, proc.stderr, 2, 'is a folder', 'folder/results.json')
-
     out = tmp_path / 'out'
     with failing_writes(out) as tried:
-        proc = run(out / 'r.json', check=False)
+        proc = run(out / 'r.json')
     assert tried and not out.exists()
     assert_user_error(proc.returncode, proc.stderr, 1, str(out), 'Read-only file system (EROFS)',
                       'Rerun the same command to resume')
     assert 'Loads checkpoint' not in proc.stdout + proc.stderr  # before the model
 
-    # the disk fills as the results file records the second cell
-    saves, kept = [], {}
 
-    def second_save(path: str, operation: str) -> bool:
-        if operation != 'open' or TMP_MARK not in path or \
-                not path.startswith(str(out / 'r.json')):
+# what a full disk strikes, in the run's process: (the path's mark, its first write to fail,
+# the run's options); the per-image statistics with the metric in this process
+FULL_DISK = {'results file': ('r.json' + '.mmrobust-tmp-', 2, ()),
+             'predictions': ('r_predictions', 1, ()),
+             'per-image statistics': ('r_per_image', 1, ('--metric-queue', '0')),
+             'report': ('r_report', 1, ())}
+
+
+@pytest.fixture(scope='module')
+def fault_free_cells(toy_data, tmp_path_factory):
+    """The cells of the full-disk runs, run without a fault."""
+    tmp = tmp_path_factory.mktemp('fault_free')
+    ckpt = _init_checkpoint(SEG_CFG, tmp / 'seg.pth')
+    run_tool_here('test_robustness.py', SEG_CFG, ckpt, '--corruptions', 'fog', 'snow',
+                  '--severities', '1', '--results', tmp / 'r.json', '--work-dir', tmp / 'w',
+                  *NO_WORKERS)
+    return _cells(tmp / 'r.json')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('writer', list(FULL_DISK))
+def test_a_full_disk_at_each_writer_ends_in_one_error_line_and_the_rerun_resumes(
+        writer, fault_free_cells, toy_data, tmp_path):
+    """One ``error:`` line at the write it strikes: the path, ENOSPC, "rerun to resume".
+
+    No traceback; the results file as it was when the fault struck; the lock released and no
+    worker left (the resubmit takes the lock; the harness checks the processes); the resubmitted
+    command resumes to the numbers of a run without faults, the report written.
+    """
+    import errno
+
+    from helpers.fs_faults import failing_writes
+    mark, nth, options = FULL_DISK[writer]
+    ckpt = _init_checkpoint(SEG_CFG, tmp_path / 'seg.pth')
+    out = tmp_path / 'out'
+    args = [SEG_CFG, ckpt, '--corruptions', 'fog', 'snow', '--severities', '1', '--results',
+            out / 'r.json', '--work-dir', tmp_path / 'w', *options, *NO_WORKERS]
+    seen, kept = [], {}
+
+    def strike(path: str, operation: str) -> bool:
+        if operation != 'open' or mark not in path:
             return False
-        saves.append(path)
-        if len(saves) == 2:
-            kept['bytes'] = (out / 'r.json').read_bytes()
-        return len(saves) == 2
-    with failing_writes(out, errno.ENOSPC, when=second_save):
-        proc = run(out / 'r.json', check=False)
-    assert_user_error(proc.returncode, proc.stderr, 1, str(out / 'r.json'),
-                      'No space left on device (ENOSPC)', 'Rerun the same command to resume')
-    assert (out / 'r.json').read_bytes() == kept['bytes']  # whole, one cell recorded
-    assert len(_cells(out / 'r.json')) == 1
-    assert not list(out.glob(f'*{TMP_MARK}*'))
-    run(out / 'r.json')
-    run(tmp_path / 'plain.json')
-    assert _cells(out / 'r.json') == _cells(tmp_path / 'plain.json')
+        seen.append(path)
+        if len(seen) == nth:
+            results = out / 'r.json'
+            kept['results'] = results.read_bytes() if results.exists() else None
+        return len(seen) == nth
+    with failing_writes(out, errno.ENOSPC, when=strike):
+        proc = run_tool_here('test_robustness.py', *args, check=False)
+    message = assert_user_error(proc.returncode, proc.stderr, 1, 'No space left on device '
+                                '(ENOSPC)', 'Rerun the same command to resume')
+    assert str(out) in message and 'results' in kept, message
+    if kept['results'] is None:  # struck before the first record
+        assert not (out / 'r.json').exists()
+    else:
+        assert (out / 'r.json').read_bytes() == kept['results']
+    assert not list(out.rglob('*.mmrobust-tmp-*'))
+    run_tool_here('test_robustness.py', *args)
+    assert _cells(out / 'r.json') == fault_free_cells
+    assert (out / 'r_report' / 'summary.csv').is_file()
+
+
+def test_missing_per_image_statistics_are_recomputed_by_the_command_the_report_names(
+        toy_data, tmp_path):
+    """Per-image files lost or another evaluation's: the report names what recomputes them.
+
+    And that command does: those cells only, to the same numbers.
+    """
+    from mmrobust.evaluation.per_image import load_cell_stats, save_cell_stats, stats_path
+    from mmrobust.evaluation.uncertainty import cell_stats
+    ckpt = _init_checkpoint(SEG_CFG, tmp_path / 'seg.pth')
+    results = tmp_path / 'r.json'
+    args = [SEG_CFG, ckpt, '--corruptions', 'fog', 'snow', '--severities', '1', '--results',
+            results, '--work-dir', tmp_path / 'w', *NO_WORKERS]
+    run_tool_here('test_robustness.py', *args)
+    recorded = _cells(results)
+    folder = str(tmp_path / 'r_per_image')
+    kept = Path(stats_path(folder, 'clean', 0)).read_bytes()
+    os.remove(stats_path(folder, 'fog', 1))
+    other = load_cell_stats(stats_path(folder, 'snow', 1))
+    save_cell_stats(stats_path(folder, 'snow', 1), ('snow', 1), 'another evaluation',
+                    other['blocks'])
+    notes = cell_stats(str(results), load_results(str(results))).notes
+    assert notes and all('--refresh-per-image' in n for n in notes), notes
+    proc = run_tool_here('test_robustness.py', *args, '--refresh-per-image')
+    assert 'custom: 16/16 images' in proc.stderr  # fog 1 and snow 1, not the clean cell
+    assert _cells(results) == recorded
+    stats = cell_stats(str(results), load_results(str(results)))
+    assert not stats.missing and not stats.notes and len(stats.cells) == 3
+    assert Path(stats_path(folder, 'clean', 0)).read_bytes() == kept
 
 
 @pytest.mark.slow

@@ -142,7 +142,7 @@ def test_shift_cells_beside_corruption_cells_one_file_one_report(toy_data, tmp_p
     assert (report / 'shifts_mIoU.png').is_file()
     # resumed: every cell recorded, nothing inferred again (nor built: the table from the file)
     status, again, err = run_tool_in_process('test_robustness.py', *args)
-    assert status == 0 and 'report: not written' in again
+    assert status == 0 and 'r_report (unchanged)' in again
     assert 'Real-world shift' in again and '| acdc_fog 1 | ACDC fog, val | mIoU |' in again
     assert json.loads(results.read_text())['cells'] == data['cells']
     # the report tool: the shift cells with intervals over their own images
