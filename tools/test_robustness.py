@@ -211,9 +211,10 @@ def main() -> None:
         runner.call_hook('before_run')
         runner.load_or_resume()  # the checkpoint, once for all cells
         options.checkpoint_load = strict_load_outcome(runner)  # NOTE: recorded, not checked
-        # NOTE: rank 0 alone decides only what it alone does after the run: the report
-        done = runner.rank == 0 and recorded_results(cfg, protocol, results_path,
-                                                     options) is not None
+        # NOTE: rank 0 alone decides only what it alone does after the run: the report. One
+        # process asked above already (each ask hashes the checkpoint)
+        done = args.launcher != 'none' and runner.rank == 0 and recorded_results(
+            cfg, protocol, results_path, options) is not None
         results = evaluate_robustness(runner, cfg, protocol, results_path, options)
         runner.call_hook('after_run')
         if runner.rank == 0:
