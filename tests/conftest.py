@@ -1,7 +1,8 @@
 """Shared fixtures: the toy datasets, the repository root as working folder, the demo detector.
 
 The helpers are the package ``helpers`` (``from helpers import run_tool``); the harness (time
-limits, watchdog, no process left behind) is its plugin ``helpers.harness``.
+limits, watchdog, no process left behind) is its plugin ``helpers.harness``; ``helpers.config_memo``
+memoises what mmengine recomputes for every config the tests' tools load.
 """
 import fcntl
 import os
@@ -16,7 +17,8 @@ pytest.register_assert_rewrite('helpers')
 from helpers import DEMO_DET_CFG, REPO, run_tool, shared  # noqa: E402
 from helpers.shared import build_once  # noqa: E402
 
-pytest_plugins = ('helpers.harness',)
+# NOTE: config_memo: mmengine's config formatting and metafile lookups, paid once per text
+pytest_plugins = ('helpers.harness', 'helpers.config_memo')
 
 
 @pytest.fixture(scope='session')

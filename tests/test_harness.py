@@ -144,12 +144,43 @@ def test_the_first_user_of_the_trained_detector_gets_the_training_limit(monkeypa
 def test_the_suite_imports_helpers_not_conftest():
     """Tests import the package ``helpers``; conftest.py holds fixtures and registers the harness.
 
-    The harness (time limits, watchdog, reaper) is the plugin ``helpers.harness``.
+    The harness (time limits, watchdog, reaper) is the plugin ``helpers.harness``, mmengine's
+    memoised config work the plugin ``helpers.config_memo``.
     """
     importing = re.compile(r'^\s*(from conftest import|import conftest\b)', re.M)
     offenders = [str(p.relative_to(REPO)) for p in sorted((REPO / 'tests').rglob('*.py'))
                  if importing.search(p.read_text())]
     assert not offenders, f'import from helpers instead of conftest: {offenders}'
     conftest = (REPO / 'tests' / 'conftest.py').read_text()
-    assert "pytest_plugins = ('helpers.harness',)" in conftest
+    assert "pytest_plugins = ('helpers.harness', 'helpers.config_memo')" in conftest
     assert 'def pytest_runtest_protocol' not in conftest and 'def descendants' not in conftest
+
+
+def test_the_config_memo_gives_mmengines_own_text_and_paths(tmp_path):
+    """helpers.config_memo: the formatted config and the ``pkg::`` paths mmengine gives, once."""
+    from mmengine.config import Config
+
+    from helpers import config_memo
+    names = ['mmdet::faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py',  # a metafile entry
+             'mmdet::_base_/models/mask-rcnn_r50_fpn.py',  # a base file: ValueError inside
+             'mmseg::segformer/segformer_mit-b0_8xb1-160k_cityscapes-1024x1024.py']
+    config = REPO / 'configs' / 'toy' / 'mask-rcnn_fan-t-hybrid_fpn_toy-coco.py'
+    config_memo.uninstall()
+    try:
+        paths = [Config._get_cfg_path(n, str(config)) for n in names]
+        cfg = Config.fromfile(str(config))
+        text = cfg.pretty_text
+    finally:
+        config_memo.install()
+    assert [Config._get_cfg_path(n, str(config)) for n in names] == paths
+    assert all(p.endswith(n.split('::')[1]) and s == n.split('::')[0] for (p, s), n in
+               zip(paths, names))
+    with pytest.raises(ValueError, match='_base_/nope.py'):
+        config_memo.cfg_metainfo(paths[0][0].split('/.mim/')[0], '_base_/nope.py')
+    memo = Config.fromfile(str(config))
+    assert memo.to_dict() == cfg.to_dict()
+    assert memo.pretty_text == text == memo.pretty_text
+    hits = config_memo._format.cache_info().hits
+    memo.dump(str(tmp_path / 'dumped.py'))  # a Runner's dump: the text formatted once already
+    assert config_memo._format.cache_info().hits == hits + 1
+    assert (tmp_path / 'dumped.py').read_text() == text

@@ -2,16 +2,22 @@
 
 The config is the installed package's own, with only what a tiny CPU run needs changed: random
 initialisation (no pretrained download), the test set pointed at a tiny COCO-80 or Cityscapes
-set (one image, no workers) and a smaller test scale. Its model, pipeline steps, metric and loops
-are the zoo's.
+set (one image, no workers), a smaller test scale and, for the detectors with an RPN, as many
+proposals per image as the smaller image holds. Its model, pipeline steps, metric and loops are
+the zoo's.
 """
 from pathlib import Path
 from typing import Any, Optional, Tuple
 
 #: the test scale every zoo config is run at: small enough for a CPU, large enough for the
-#: strides of every architecture sampled (DINO selects 900 queries among the encoder positions)
+#: strides of every architecture sampled (DINO selects 900 queries among the encoder positions;
+#: a segmentor's stride-32 map is 8x4 at 256x128)
 DET_SCALE = (320, 320)
-SEG_SCALE = (512, 256)
+SEG_SCALE = (256, 128)
+#: the RPN's proposals per image (``nms_pre``, ``max_per_img``) scaled with the image's area:
+#: COCO's configs ask for 1000 on a 1333x800 image; an untrained RPN's 1000 random boxes made
+#: RoIAlign (adaptive sampling, every cascade stage) most of a two-stage model's CPU time
+PROPOSAL_SCALE = DET_SCALE[0] * DET_SCALE[1] / (1333 * 800)
 
 
 def _no_pretrained(obj: Any) -> Any:
@@ -29,6 +35,17 @@ def _no_pretrained(obj: Any) -> Any:
     if isinstance(obj, list):
         return [_no_pretrained(v) for v in obj]
     return obj
+
+
+def _fewer_proposals(model: dict) -> dict:
+    """The RPN's proposal counts (testing, and training for the attacks' loss) x PROPOSAL_SCALE."""
+    for section, key in (('test_cfg', 'rpn'), ('train_cfg', 'rpn_proposal')):
+        rpn = (model.get(section) or {}).get(key)
+        if isinstance(rpn, dict):
+            for count in ('nms_pre', 'max_per_img'):
+                if isinstance(rpn.get(count), int):
+                    rpn[count] = max(1, round(rpn[count] * PROPOSAL_SCALE))
+    return model
 
 
 def _small(pipeline: list, scale: Tuple[int, int]) -> list:
@@ -150,6 +167,8 @@ def zoo_config(name: str, out: Path, data_root: str, ann_file: Optional[str] = N
     cfg = Config.fromfile(resolve_config_path(name))
     seg = cfg.get('default_scope') == 'mmseg'
     cfg.model = _no_pretrained(cfg.model.to_dict())
+    if not seg:
+        cfg.model = _fewer_proposals(cfg.model)
     loader = cfg.test_dataloader
     loader.update(batch_size=1, num_workers=0, persistent_workers=False)
     dataset = loader.dataset

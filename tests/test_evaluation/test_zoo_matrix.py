@@ -1,10 +1,11 @@
 """Stock mmdet / mmseg zoo configs through ``tools/test_robustness.py``: a compatibility matrix.
 
 Each case is the installed package's own config (random initialisation, no download; the tiny
-COCO-80 or Cityscapes set, one image, a smaller test scale: ``helpers.zoo``) with one corruption
-cell and one FGSM cell in one run. The architectures the robustness guide lists as covered. The
-panoptic configs score PQ with mmdet's ``CocoPanopticMetric`` (``test_panoptic.py``: its numbers).
-mmdet's Mask2Former instance config runs unchanged in ``test_user_modules.py``.
+COCO-80 or Cityscapes set, one image, a smaller test scale and the RPN's proposals scaled with it:
+``helpers.zoo``) with one corruption cell and one FGSM cell in one run. The architectures the
+robustness guide lists as covered. The panoptic configs score PQ with mmdet's
+``CocoPanopticMetric`` (``test_panoptic.py``: its numbers). mmdet's Mask2Former instance config
+runs unchanged in ``test_user_modules.py``.
 """
 import json
 import math
@@ -75,3 +76,21 @@ def test_a_stock_config_runs_a_corruption_and_an_attack_cell(name, toy_data, tin
         if 'panoptic' in name:
             assert 'coco_panoptic/PQ' in scores, scores
         assert all(math.isfinite(v) for v in scores.values() if isinstance(v, float))
+
+
+def test_a_two_stage_zoo_config_proposes_for_its_smaller_image(tmp_path):
+    """The RPN's counts scale with the image's area (1000 on 1333x800 -> 96 on 320x320)."""
+    from mmengine.config import Config
+
+    from mmrobust.utils.config_checks import resolve_config_path
+
+    from helpers.zoo import PROPOSAL_SCALE
+    name = 'mmdet::cascade_rcnn/cascade-rcnn_r50_fpn_1x_coco.py'
+    path = zoo_config(name, tmp_path, str(tmp_path), 'annotations/instances_val2017.json')
+    model = Config.fromfile(str(path)).model
+    stock = Config.fromfile(resolve_config_path(name)).model
+    assert round(1000 * PROPOSAL_SCALE) == 96 and stock.test_cfg.rpn.max_per_img == 1000
+    for section, key in (('test_cfg', 'rpn'), ('train_cfg', 'rpn_proposal')):
+        for count in ('nms_pre', 'max_per_img'):
+            assert model[section][key][count] == round(stock[section][key][count] * PROPOSAL_SCALE)
+    assert model.test_cfg.rcnn == stock.test_cfg.rcnn  # the rest as the zoo has it
