@@ -86,8 +86,9 @@ def trained_toy_detector(toy_data, shared_folder) -> Path:
 # the toy ones), training through tools/train.py with resume and tools/test.py, a detection and a
 # segmentation robustness run, and the install's ranges. A file's tests, all of them when none
 # are named.
-# NOTE: a subset, not the quick tier: the floor's set-up (torch 2.1 with its CUDA wheels, mmcv
-# built from source) leaves no room for it in CI's hour on a fresh machine (CONTRIBUTING.md, CI)
+# NOTE: a subset, not the quick tier: chosen when the floor's set-up (torch 2.1 with its CUDA
+# wheels, mmcv built from source) left no room for it in an hour of CI on a fresh machine (58 min
+# then, 45 on 810a2f1, the quick tier ~4 more: CONTRIBUTING.md, CI)
 FLOOR = {
     'tests/test_checkpoint.py': (),
     'tests/test_strict_load.py': (),
