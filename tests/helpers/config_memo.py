@@ -4,7 +4,7 @@ A pytest plugin (``pytest_plugins`` in ``tests/conftest.py``), for the tests' ow
 tools that tests run in process build a Runner per run, and
 
 * every ``Runner`` formats its config with yapf four times (the log, ``dump_config``,
-  ``RuntimeInfoHook`` and the visualizer's ``add_config``): ~1.1 s each for a toy config on
+  ``RuntimeInfoHook`` and the visualizer's ``add_config``): ~0.3-0.6 s each for a toy config on
   this machine, the same text each time;
 * every ``mmdet::`` / ``mmseg::`` reference in a config (each toy config has two or three)
   parses all of the package's metafiles to learn that a ``_base_`` file has no metafile entry:
