@@ -165,6 +165,7 @@ def test_the_config_memo_gives_mmengines_own_text_and_paths(tmp_path):
              'mmdet::_base_/models/mask-rcnn_r50_fpn.py',  # a base file: ValueError inside
              'mmseg::segformer/segformer_mit-b0_8xb1-160k_cityscapes-1024x1024.py']
     config = REPO / 'configs' / 'toy' / 'mask-rcnn_fan-t-hybrid_fpn_toy-coco.py'
+    was_on = config_memo.config_utils._get_cfg_metainfo is config_memo.cfg_metainfo
     config_memo.uninstall()
     try:
         paths = [Config._get_cfg_path(n, str(config)) for n in names]
@@ -184,3 +185,5 @@ def test_the_config_memo_gives_mmengines_own_text_and_paths(tmp_path):
     memo.dump(str(tmp_path / 'dumped.py'))  # a Runner's dump: the text formatted once already
     assert config_memo._format.cache_info().hits == hits + 1
     assert (tmp_path / 'dumped.py').read_text() == text
+    if not was_on:  # NOTE: MMROBUST_CONFIG_MEMO=0: the rest of this process without it
+        config_memo.uninstall()
